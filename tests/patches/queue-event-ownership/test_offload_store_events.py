@@ -1,0 +1,142 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Regression tests: each offload store owns its compute-done event, and a
+preemption flush also waits for stores that are still queued.
+
+The real SimpleCPUOffloadWorker and the real DmaCopyBackend (with its real copy
+thread and queue) run here. Only what needs a GPU is replaced, at the
+narrowest seam (see qeo_cuda_model.py): ``torch.Event``,
+``torch.cuda.Stream``/``current_stream`` (CUDA events and streams),
+cuda_mem_ops' ``build_params``/``copy_blocks`` (the cuMemcpyBatchAsync launch)
+and ``current_platform.set_device`` (the copy thread's first CUDA call, used as
+the gate that delays the copy thread deterministically).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import vllm.v1.simple_kv_offload.copy_backend as copy_backend
+from qeo_cuda_model import FakeCopyEngine, FakeEvent, FakeStream, Gate, OrderingLog
+from vllm.v1.simple_kv_offload.copy_backend import DmaCopyBackend
+from vllm.v1.simple_kv_offload.metadata import SimpleCPUOffloadMetadata
+from vllm.v1.simple_kv_offload.worker import SimpleCPUOffloadWorker
+
+
+class Harness:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.log = OrderingLog()
+        self.compute = FakeStream(self.log, "compute")
+        self.copies = FakeCopyEngine(self.log)
+        self.gate = Gate()
+        monkeypatch.setattr(torch, "Event", lambda *a, **k: FakeEvent(self.log))
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: self.compute)
+        monkeypatch.setattr(copy_backend, "build_params", self.copies.build_params)
+        monkeypatch.setattr(copy_backend, "copy_blocks", self.copies.copy_blocks)
+        monkeypatch.setattr(copy_backend, "current_platform", self.gate)
+
+        self.worker = SimpleCPUOffloadWorker(None, None, 0)
+        self.backend = DmaCopyBackend()
+        self.backend.init(
+            {"k": torch.zeros(8, 16, dtype=torch.int8)},
+            {"k": torch.zeros(8, 16, dtype=torch.int8)},
+            torch.device("cpu"),
+            FakeStream(self.log, "load"),
+            FakeStream(self.log, "store"),
+        )
+        self.worker._backend = self.backend
+
+    def step_store(self, step: str, event_idx: int, gpu_block: int) -> None:
+        """One model step whose KV writes (on the compute stream) get stored."""
+        self.compute.step = step
+        self.worker.bind_connector_metadata(
+            SimpleCPUOffloadMetadata(
+                store_event=event_idx,
+                store_gpu_blocks=[gpu_block],
+                store_cpu_blocks=[gpu_block],
+            )
+        )
+        self.worker.wait_for_save()
+        self.worker.clear_connector_metadata()
+
+    def close(self) -> None:
+        self.gate.open()
+        self.backend.shutdown()
+
+
+@pytest.fixture
+def harness(monkeypatch):
+    h = Harness(monkeypatch)
+    yield h
+    h.close()
+
+
+def test_each_store_waits_on_its_own_step(harness):
+    """A records, B records, then the copy thread runs: A's store must be
+    ordered after A's compute, not after whatever was recorded last."""
+    harness.step_store("A", event_idx=0, gpu_block=1)
+    harness.step_store("B", event_idx=1, gpu_block=2)
+    harness.gate.open()
+
+    store_a, store_b = harness.copies.wait_for_copies(2)
+    assert store_a.src_blocks == [1] and store_b.src_blocks == [2]
+    waited_a = [r.step for r in store_a.waited_on if r is not None]
+    waited_b = [r.step for r in store_b.waited_on if r is not None]
+    assert waited_a == ["A"], (
+        f"store of step A was ordered after the compute-done record of step(s) "
+        f"{waited_a}, not its own (shared event re-recorded by step B)"
+    )
+    assert waited_b == ["B"]
+
+
+def test_failed_launch_leaves_queued_store_event_alone(harness, monkeypatch):
+    """A store that fails to submit must not touch the event of a store that
+    was already accepted and is still queued."""
+    harness.step_store("A", event_idx=0, gpu_block=1)
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("copy queue refused the store")
+
+    monkeypatch.setattr(harness.backend, "launch_copy", refuse)
+    with pytest.raises(RuntimeError, match="refused"):
+        harness.step_store("B", event_idx=1, gpu_block=2)
+    harness.gate.open()
+
+    (store_a,) = harness.copies.wait_for_copies(1)
+    assert [r.step for r in store_a.waited_on if r is not None] == ["A"]
+
+
+def test_flush_after_preemption_waits_for_queued_store(harness):
+    """The copy thread is delayed, so A's store is still queued when the
+    scheduler asks for a flush. The flush must not return before that store
+    was launched and its completion event synchronized: the preempted blocks
+    are reused as soon as it returns."""
+    harness.step_store("A", event_idx=0, gpu_block=3)
+
+    flushed = threading.Event()
+
+    def flush() -> None:
+        harness.worker.handle_preemptions(SimpleCPUOffloadMetadata(need_flush=True))
+        harness.log.add("flush returned")
+        flushed.set()
+
+    flusher = threading.Thread(target=flush, daemon=True)
+    flusher.start()
+    # Give a flush that ignores queued stores the chance to return while the
+    # store is still queued; a correct flush cannot return in this window.
+    flushed.wait(timeout=0.5)
+    harness.gate.open()
+    flusher.join(timeout=10)
+    assert not flusher.is_alive(), "flush never returned after the gate opened"
+
+    order = [e for e in harness.log.snapshot() if e[0] != "wait" and e[0] != "record"]
+    returned_at = order.index(("flush returned",))
+    before = order[:returned_at]
+    assert ("synchronize", "copy:store:3") in before, (
+        f"flush returned before the queued store was launched and synced: {order}"
+    )
+    # The synced store is no longer reported as in flight.
+    assert harness.worker._store_events == []
+    assert harness.worker._store_hwm == 0

@@ -1,0 +1,309 @@
+"""The strict apply engine: the series onto a fresh upstream checkout, one commit per patch.
+
+Every patch gets exactly one status, decided by git itself before the tree is touched:
+
+    clean             every hunk applies at its recorded line
+    offset            every hunk applies, some at other lines (refused unless --allow-offset)
+    fuzz              applies only with reduced context (refused unless --allow-fuzz)
+    merged-3way       applies only through a 3-way merge (refused unless --3way)
+    conflict          does not apply, not even through a 3-way merge
+    already-upstream  the patch reverse-applies: upstream already carries the change
+    target-missing    a file the patch modifies does not exist upstream
+
+The work happens in a staging clone beside the output directory. Only when every patch was
+accepted does the staging clone replace the output directory, so a failed or interrupted run
+never leaves a half-applied tree behind, and the next run starts from a fresh clone.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import git
+
+from vllm_overlay import paths
+from vllm_overlay.series import PATCH_FILE_TRAILER, Patch
+from vllm_overlay.sources import Upstream
+
+CONFIG_UPSTREAM = "vllm-overlay.upstream"
+HUNK_OK_RE = re.compile(r"^Hunk #(\d+) succeeded at (\d+)(?: \(offset (-?\d+) lines?\))?\.", re.M)
+CONTEXT_REDUCED_RE = re.compile(r"^Context reduced to \((\d+)/(\d+)\) to apply fragment at (\d+)", re.M)
+CHECKING_RE = re.compile(r"^Checking patch (.+)\.\.\.$", re.M)
+FAILED_AT_RE = re.compile(r"^error: patch failed: (.+):(\d+)$", re.M)
+FUZZ_CONTEXT = 1
+
+
+class Status(enum.StrEnum):
+    CLEAN = "clean"
+    OFFSET = "offset"
+    FUZZ = "fuzz"
+    MERGED_3WAY = "merged-3way"
+    CONFLICT = "conflict"
+    ALREADY_UPSTREAM = "already-upstream"
+    TARGET_MISSING = "target-missing"
+
+
+@dataclass(frozen=True)
+class Options:
+    allow_offset: bool = False
+    allow_fuzz: bool = False
+    three_way: bool = False
+
+    def accepts(self, status: Status) -> bool:
+        return status is Status.CLEAN or {
+            Status.OFFSET: self.allow_offset,
+            Status.FUZZ: self.allow_fuzz,
+            Status.MERGED_3WAY: self.three_way,
+        }.get(status, False)
+
+
+@dataclass
+class HunkNote:
+    file: str
+    hunk: int  # 1-based index within the file
+    recorded_line: int  # where the patch says the hunk starts (old side)
+    note: str  # "offset +4", "fuzz (context 2/3)", "does not apply", "missing file", ...
+
+    def __str__(self) -> str:
+        return f"{self.file} hunk #{self.hunk} (line {self.recorded_line}): {self.note}"
+
+
+@dataclass
+class PatchResult:
+    name: str
+    series: str
+    subject: str
+    status: Status
+    accepted: bool
+    hunks: list[HunkNote] = field(default_factory=list)
+    detail: str = ""
+    commit: str | None = None
+
+    def to_json(self) -> dict[str, object]:
+        data = asdict(self)
+        data["status"] = str(self.status)
+        return data
+
+
+@dataclass
+class Report:
+    upstream: Upstream
+    output: str
+    results: list[PatchResult]
+    published: bool
+
+    @property
+    def ok(self) -> bool:
+        return self.published and all(r.accepted for r in self.results)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "upstream": self.upstream.to_json(),
+            "output": self.output,
+            "published": self.published,
+            "ok": self.ok,
+            "patches": [r.to_json() for r in self.results],
+        }
+
+
+class ApplyError(RuntimeError):
+    """A patch was rejected before any status could be decided (unsafe paths, bad file)."""
+
+
+def _git_check(repo: git.Repo, patch_file: Path, *flags: str) -> tuple[int, str]:
+    status, _out, err = repo.git.apply(
+        "--check", "--verbose", *flags, str(patch_file), with_extended_output=True, with_exceptions=False
+    )
+    return status, err
+
+
+def _recorded_starts(patch: Patch) -> dict[tuple[str, int], int]:
+    starts: dict[tuple[str, int], int] = {}
+    for patched in patch.diff:
+        for index, hunk in enumerate(patched, start=1):
+            starts[(patched.path, index)] = hunk.source_start
+    return starts
+
+
+def _notes_from_success(patch: Patch, stderr: str) -> tuple[list[HunkNote], bool]:
+    """Hunk notes from git's verbose output; returns (notes, fuzz_used)."""
+    starts = _recorded_starts(patch)
+    notes: list[HunkNote] = []
+    fuzz = False
+    # Split the verbose output per file: "Checking patch F..." starts each section.
+    sections = CHECKING_RE.split(stderr)
+    for position in range(1, len(sections), 2):
+        file_name, text = sections[position], sections[position + 1]
+        for match in HUNK_OK_RE.finditer(text):
+            hunk, offset = int(match.group(1)), match.group(3)
+            if offset and int(offset) != 0:
+                notes.append(HunkNote(file_name, hunk, starts.get((file_name, hunk), 0), f"offset {int(offset):+d}"))
+        for match in CONTEXT_REDUCED_RE.finditer(text):
+            fuzz = True
+            at = int(match.group(3))
+            notes.append(HunkNote(file_name, 0, at, f"fuzz: context reduced to {match.group(1)}/{match.group(2)}"))
+    return notes, fuzz
+
+
+def _failing_hunks(repo: git.Repo, patch: Patch, scratch: Path) -> list[HunkNote]:
+    """Check every hunk on its own (unidiff splits them) to name each one that does not apply."""
+    notes: list[HunkNote] = []
+    for patched in patch.diff:
+        header = "".join(f"{line}\n" for line in str(patched.patch_info).splitlines())
+        header += f"--- {patched.source_file}\n+++ {patched.target_file}\n"
+        for index, hunk in enumerate(patched, start=1):
+            single = scratch / f"hunk-{index}.patch"
+            single.write_text(header + str(hunk), encoding="utf-8")
+            status, _ = _git_check(repo, single, "--recount")
+            if status != 0:
+                notes.append(HunkNote(patched.path, index, hunk.source_start, "does not apply"))
+    return notes
+
+
+def _missing_targets(repo: git.Repo, patch: Patch) -> list[HunkNote]:
+    root = Path(repo.working_tree_dir or ".")
+    notes = []
+    for patched in patch.diff:
+        if patched.is_added_file:
+            continue
+        if not (root / patched.path).exists():
+            notes.append(HunkNote(patched.path, 0, 0, "file does not exist upstream"))
+    return notes
+
+
+def _three_way_succeeds(repo: git.Repo, patch_file: Path) -> bool:
+    """Try ``git am --3way`` for real, then roll back: git has no dry-run for a 3-way merge."""
+    head = repo.head.commit.hexsha
+    status, _out, _err = repo.git.am(
+        "--3way", "--quiet", str(patch_file), with_extended_output=True, with_exceptions=False
+    )
+    if status != 0:
+        repo.git.am("--abort", with_exceptions=False)
+    repo.git.reset("--hard", "--quiet", head)
+    repo.git.clean("-fdq")
+    return status == 0
+
+
+def classify(repo: git.Repo, patch: Patch) -> PatchResult:
+    """Decide a patch's status against the repository's current tree without changing it."""
+    base = dict(name=patch.name, series=patch.series, subject=patch.subject, accepted=False)
+    status, err = _git_check(repo, patch.path)
+    if status == 0:
+        notes, _ = _notes_from_success(patch, err)
+        return PatchResult(status=Status.OFFSET if notes else Status.CLEAN, hunks=notes, **base)
+    reverse_status, _ = _git_check(repo, patch.path, "--reverse")
+    if reverse_status == 0:
+        return PatchResult(
+            status=Status.ALREADY_UPSTREAM,
+            detail="the patch reverse-applies: upstream already contains this change",
+            **base,
+        )
+    missing = _missing_targets(repo, patch)
+    if missing:
+        return PatchResult(status=Status.TARGET_MISSING, hunks=missing, detail="a modified file is missing", **base)
+    fuzz_status, fuzz_err = _git_check(repo, patch.path, f"-C{FUZZ_CONTEXT}")
+    with tempfile.TemporaryDirectory(prefix="vllm-overlay-hunks-") as tmp:
+        failing = _failing_hunks(repo, patch, Path(tmp))
+    if fuzz_status == 0:
+        notes, _ = _notes_from_success(patch, fuzz_err)
+        return PatchResult(
+            status=Status.FUZZ, hunks=notes or failing, detail="applies only with reduced context", **base
+        )
+    if _three_way_succeeds(repo, patch.path):
+        return PatchResult(status=Status.MERGED_3WAY, hunks=failing, detail="applies through a 3-way merge", **base)
+    return PatchResult(status=Status.CONFLICT, hunks=failing, detail=_first_error(err), **base)
+
+
+def _first_error(stderr: str) -> str:
+    match = FAILED_AT_RE.search(stderr)
+    return f"patch failed at {match.group(1)}:{match.group(2)}" if match else stderr.strip().splitlines()[-1:][0]
+
+
+def commit_patch(repo: git.Repo, patch: Patch, status: Status) -> str:
+    """Apply an accepted patch with ``git am`` and record which file it came from."""
+    flags = ["--quiet", "--keep-cr"]
+    if status is Status.FUZZ:
+        flags.append(f"-C{FUZZ_CONTEXT}")
+    if status is Status.MERGED_3WAY:
+        flags.append("--3way")
+    env = _committer_env(repo, patch)
+    with repo.git.custom_environment(**env):
+        repo.git.am(*flags, str(patch.path))
+        repo.git.commit(
+            "--amend", "--quiet", "--no-edit", "--no-verify", f"--trailer={PATCH_FILE_TRAILER}: {patch.name}"
+        )
+    return repo.head.commit.hexsha
+
+
+def _committer_env(repo: git.Repo, patch: Patch) -> dict[str, str]:
+    """Committer = author, at the author's date: the same series gives the same commit ids."""
+    author = repo.git.execute(["git", "mailinfo", "/dev/null", "/dev/null"], istream=open(patch.path, "rb"))
+    fields = dict(line.split(": ", 1) for line in author.splitlines() if ": " in line)
+    return {
+        "GIT_COMMITTER_NAME": fields.get("Author", "vllm-overlay"),
+        "GIT_COMMITTER_EMAIL": fields.get("Email", "vllm-overlay@invalid"),
+        "GIT_COMMITTER_DATE": fields.get("Date", "2000-01-01T00:00:00+0000"),
+    }
+
+
+def staging_dir(output: Path) -> Path:
+    return output.parent / f".{output.name}.staging-{os.getpid()}"
+
+
+def remove_stale_staging(output: Path) -> None:
+    """Delete staging clones left behind by interrupted runs."""
+    for stale in output.parent.glob(f".{output.name}.staging-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def publish(staging: Path, output: Path) -> None:
+    """Replace ``output`` with ``staging`` in two renames; the old tree is gone only afterwards."""
+    retired = output.parent / f".{output.name}.retired-{os.getpid()}"
+    if output.exists():
+        os.replace(output, retired)
+    os.replace(staging, output)
+    shutil.rmtree(retired, ignore_errors=True)
+
+
+def apply_series(
+    patches: list[Patch],
+    upstream: Upstream,
+    checkout: Callable[[Path], git.Repo],
+    output: Path,
+    options: Options,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> Report:
+    """Apply ``patches`` onto ``upstream`` into ``output`` (published only if all are accepted)."""
+    output = output.resolve()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_staging(output)
+    staging = staging_dir(output)
+    results: list[PatchResult] = []
+    try:
+        repo = checkout(staging)
+        repo.git.config(CONFIG_UPSTREAM, upstream.commit)
+        tree_root = Path(repo.working_tree_dir or staging)
+        for index, patch in enumerate(patches, start=1):
+            if progress:
+                progress(index, len(patches), patch.name)
+            problems = paths.problems(patch, tree_root)
+            if problems:
+                raise ApplyError(f"{patch.name}: refused: " + "; ".join(problems))
+            result = classify(repo, patch)
+            result.accepted = options.accepts(result.status)
+            if result.accepted:
+                result.commit = commit_patch(repo, patch, result.status)
+            results.append(result)
+        published = all(r.accepted for r in results)
+        if published:
+            publish(staging, output)
+        return Report(upstream=upstream, output=str(output), results=results, published=published)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

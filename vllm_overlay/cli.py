@@ -1,0 +1,41 @@
+"""Command-line entry point: builds the argument parser and dispatches to one verb module."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# verb -> (module under vllm_overlay.commands, one-line help)
+VERBS: dict[str, tuple[str, str]] = {
+    "apply-patches": ("apply_patches", "apply the series onto a fresh upstream tree"),
+    "export-patches": ("export_patches", "export the patched repository back to patches/"),
+    "lint-patches": ("lint_patches", "check patches/ without applying anything"),
+    "with-patched-vllm": ("with_patched", "run a command with a patched tree laid over the installed vllm"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vllm-overlay", description=__doc__)
+    sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+    for verb, (module_name, help_text) in VERBS.items():
+        module = importlib.import_module(f"vllm_overlay.commands.{module_name}")
+        verb_parser = sub.add_parser(
+            verb,
+            help=help_text,
+            description=(module.__doc__ or help_text).strip(),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        module.add_arguments(verb_parser)
+        verb_parser.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args._module.run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""Apply the patch series onto a fresh copy of the upstream tree.
+
+The output directory becomes a git repository: the upstream tree as the first commit (tagged
+upstream/<version>), then one commit per patch, ready to inspect, amend and re-export with
+export-patches. Every patch gets exactly one status: clean, offset, fuzz, merged-3way, conflict,
+already-upstream or target-missing. Anything but clean fails the run unless widened on purpose
+(--allow-offset, --allow-fuzz, --3way). A failed run leaves the output directory as it was.
+
+Exit codes: 0 all patches applied; 1 a patch was refused (nothing written); 2 usage or input error.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from vllm_overlay import apply, lock, output, project, report, series, sources
+from vllm_overlay.store import Store
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    project.add_project_argument(parser)
+    parser.add_argument(
+        "--upstream",
+        default=None,
+        metavar="VERSION|DIR|REPO@REV",
+        help="upstream to patch: the locked release (default), another release by number (e.g. 0.32.0), "
+        "a local source directory, or a git repository and revision",
+    )
+    parser.add_argument("--output", "-o", type=Path, default=None, help="patched repository (default: build/patched)")
+    parser.add_argument("--allow-offset", action="store_true", help="accept hunks that apply at other lines")
+    parser.add_argument("--allow-fuzz", action="store_true", help="accept hunks that apply only with reduced context")
+    parser.add_argument("--3way", dest="three_way", action="store_true", help="accept patches that need a 3-way merge")
+    parser.add_argument("--only", default=None, help="apply only this series (or this patch and nothing else)")
+    parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the machine-readable report")
+
+
+def run(args: argparse.Namespace) -> int:
+    proj = project.from_args(args)
+    try:
+        the_lock = lock.load(proj.lock_file)
+        patches = series.select(series.load_series(proj.patches), args.only)
+        store = Store()
+        upstream = sources.obtain(args.upstream, the_lock, store)
+    except (lock.LockError, series.SeriesError, sources.SourceError) as exc:
+        output.error(str(exc))
+        return 2
+    target = (args.output or proj.patched_tree).resolve()
+    options = apply.Options(args.allow_offset, args.allow_fuzz, args.three_way)
+    output.info(f"applying {len(patches)} patch(es) onto upstream {upstream.label} -> {target}")
+    try:
+        result = apply.apply_series(
+            patches,
+            upstream,
+            lambda dest: sources.checkout(store, upstream, dest),
+            target,
+            options,
+            progress=lambda i, n, name: output.info(f"[{i}/{n}] {name}"),
+        )
+    except apply.ApplyError as exc:
+        output.error(str(exc))
+        return 2
+    output.result(report.apply_table(result))
+    if args.json:
+        report.write_json(result.to_json(), args.json)
+    return 0 if result.ok else 1

@@ -1,0 +1,46 @@
+"""Export the patched repository back to patches/ and patches/series, byte-stable.
+
+Every commit after the upstream commit becomes one git-format-patch file. Exporting an unchanged
+series changes no byte. With --check nothing is written: the command prints the difference and
+exits 1 if patches/ is stale (exit 0 when up to date).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from vllm_overlay import export, output, project
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    project.add_project_argument(parser)
+    parser.add_argument("--repo", type=Path, default=None, help="patched repository (default: build/patched)")
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 and show the diff if stale")
+
+
+def run(args: argparse.Namespace) -> int:
+    proj = project.from_args(args)
+    repo_dir = (args.repo or proj.patched_tree).resolve()
+    if not repo_dir.is_dir():
+        output.error(f"{repo_dir}: no patched repository; run scripts/apply-patches first")
+        return 2
+    try:
+        wanted = export.rendered(export.export_commits(repo_dir))
+    except export.ExportError as exc:
+        output.error(str(exc))
+        return 2
+    if args.check:
+        diff = export.differences(proj.patches, wanted)
+        if diff:
+            sys.stdout.writelines(diff)
+            output.error("patches/ is stale: run scripts/export-patches")
+            return 1
+        output.info(f"patches/ is up to date ({len(wanted) - 1} patches)")
+        return 0
+    changed = export.write(proj.patches, wanted)
+    for name in changed:
+        output.result(f"wrote patches/{name}")
+    output.info(f"{len(wanted) - 1} patches exported; {len(changed)} file(s) changed")
+    return 0

@@ -1,0 +1,59 @@
+"""``with-patched-vllm``: run a command with a patched tree's vllm files laid over the install."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import git
+
+from vllm_overlay import shadow
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tree", type=Path, required=True, help="patched vLLM source tree (a git repository)")
+    parser.add_argument(
+        "--base",
+        default=None,
+        help="upstream revision the tree is compared with (default: the newest upstream-* tag)",
+    )
+    parser.add_argument(
+        "--python",
+        default=None,
+        help="interpreter whose installed vllm is overlaid (default: the command's first word "
+        "if it is a Python interpreter, else python3)",
+    )
+    parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- command to run")
+
+
+def changed_package_files(tree: Path, base: str | None) -> list[str]:
+    """Files of the tree that differ from the upstream revision, uncommitted edits included."""
+    repo = git.Repo(tree)
+    if base is None:
+        tags = sorted((t for t in repo.tags if t.name.startswith("upstream-")), key=lambda t: t.commit.committed_date)
+        if not tags:
+            raise SystemExit(f"{tree}: no upstream-* tag; pass --base")
+        base = tags[-1].name
+    names = set(repo.git.diff("--name-only", "--no-renames", base, "--", shadow.PACKAGE).splitlines())
+    names.update(p for p in repo.untracked_files if p.startswith(shadow.PACKAGE + "/"))
+    return sorted(names)
+
+
+def run(args: argparse.Namespace) -> int:
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        print("with-patched-vllm: no command given", file=sys.stderr)
+        return 2
+    python = args.python or (cmd[0] if Path(cmd[0]).name.startswith("python") else "python3")
+    installed = shadow.installed_package_dir(python)
+    changed = changed_package_files(args.tree, args.base)
+    replacements = shadow.replacements_from_tree(args.tree, changed)
+    with tempfile.TemporaryDirectory(prefix="vllm-shadow-") as tmp:
+        shadow.build_shadow(installed, replacements, Path(tmp))
+        env = dict(os.environ, PYTHONPATH=shadow.pythonpath_with(Path(tmp), os.environ.get("PYTHONPATH")))
+        print(f"with-patched-vllm: {len(replacements)} file(s) overlaid from {args.tree}", file=sys.stderr)
+        return subprocess.call(cmd, env=env)

@@ -1,0 +1,157 @@
+"""From the patched repository back to patches/ and series, byte-stable.
+
+Each commit after the upstream commit becomes one file, written by ``git format-patch`` with
+options that make the bytes a function of the commit alone: zero commit hash, no version
+signature, full index lines, fixed diffstat width, and user/system git config ignored. The
+``Patch-File`` trailer that apply adds is removed again, so apply + export is the identity.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import git
+
+from vllm_overlay.apply import CONFIG_UPSTREAM
+from vllm_overlay.series import PATCH_FILE_TRAILER, SERIES_FILE, SERIES_NAME_RE, read_series, render_series
+
+FORMAT_PATCH_OPTIONS = (
+    "--stdout",
+    "--zero-commit",
+    "--no-signature",
+    "--full-index",
+    "--no-numbered",
+    "--no-renames",
+    "--no-notes",
+    "--no-color",
+    "--stat=80",
+    "--diff-algorithm=myers",
+    "--encoding=UTF-8",
+)
+# Ignore the user's and the system's git configuration: export must not depend on who runs it.
+ISOLATED_ENV = {"GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
+
+
+class ExportError(RuntimeError):
+    """The repository cannot be exported (no upstream base, a commit without a Series trailer...)."""
+
+
+@dataclass(frozen=True)
+class ExportedPatch:
+    name: str  # path relative to patches/
+    content: bytes
+
+
+def slugify(subject: str) -> str:
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", subject).strip("-").lower()
+    return slug[:64].rstrip("-") or "patch"
+
+
+def _trailer(message: str, key: str) -> str | None:
+    for line in reversed(message.splitlines()):
+        name, sep, value = line.partition(":")
+        if sep and name.strip().lower() == key.lower():
+            return value.strip()
+    return None
+
+
+def _drop_patch_file_trailer(text: str) -> str:
+    head, sep, rest = text.partition("\n---\n")
+    head = re.sub(rf"^{PATCH_FILE_TRAILER}: .*\n?", "", head + "\n", flags=re.M).rstrip("\n")
+    return head + sep + rest
+
+
+def upstream_base(repo: git.Repo) -> str:
+    try:
+        return repo.git.config("--get", CONFIG_UPSTREAM)
+    except git.GitCommandError as exc:
+        raise ExportError(
+            f"{repo.working_tree_dir}: not made by apply-patches (no {CONFIG_UPSTREAM} in its git config)"
+        ) from exc
+
+
+def export_commits(repo_dir: Path) -> list[ExportedPatch]:
+    """Format every commit between the upstream base and HEAD."""
+    repo = git.Repo(repo_dir)
+    if repo.is_dirty(untracked_files=False):
+        raise ExportError(f"{repo_dir}: uncommitted changes; commit (or amend) them first")
+    base = upstream_base(repo)
+    commits = repo.git.rev_list("--reverse", "--topo-order", f"{base}..HEAD").split()
+    exported: list[ExportedPatch] = []
+    used: set[str] = set()
+    for sha in commits:
+        message = repo.git.log("-1", "--format=%B", sha)
+        name = _trailer(message, PATCH_FILE_TRAILER)
+        if name is None:
+            series = _trailer(message, "Series")
+            if not series or not SERIES_NAME_RE.match(series):
+                raise ExportError(f"commit {sha[:12]} has no valid 'Series:' trailer; add one to its message")
+            name = f"{series}/{slugify(message.splitlines()[0])}.patch"
+        if name in used:
+            raise ExportError(f"two commits export to {name}; give one a different subject")
+        used.add(name)
+        with repo.git.custom_environment(**ISOLATED_ENV):
+            text = repo.git.format_patch(*FORMAT_PATCH_OPTIONS, "-1", sha, strip_newline_in_stdout=False)
+        exported.append(ExportedPatch(name, _drop_patch_file_trailer(text).encode("utf-8")))
+    return exported
+
+
+def rendered(exported: list[ExportedPatch]) -> dict[str, bytes]:
+    """The full content patches/ should have: every patch file plus the series file."""
+    files = {p.name: p.content for p in exported}
+    files[SERIES_FILE] = render_series([p.name for p in exported]).encode("utf-8")
+    return files
+
+
+def stale_files(patches_dir: Path, wanted: dict[str, bytes]) -> list[str]:
+    """Patch files listed in the current series that the export no longer produces."""
+    try:
+        listed = [entry.path for entry in read_series(patches_dir)]
+    except ValueError:
+        listed = []
+    return [name for name in listed if name not in wanted]
+
+
+def differences(patches_dir: Path, wanted: dict[str, bytes]) -> list[str]:
+    """Unified diffs between patches/ and what an export would write (empty when up to date)."""
+    report: list[str] = []
+    for name, content in sorted(wanted.items()):
+        path = patches_dir / name
+        current = path.read_bytes() if path.exists() else b""
+        if current != content:
+            report.extend(
+                difflib.unified_diff(
+                    current.decode("utf-8", "replace").splitlines(keepends=True),
+                    content.decode("utf-8", "replace").splitlines(keepends=True),
+                    fromfile=f"patches/{name}",
+                    tofile=f"patches/{name} (exported)",
+                )
+            )
+    for name in stale_files(patches_dir, wanted):
+        report.append(f"patches/{name}: would be removed (no longer in the repository)\n")
+    return report
+
+
+def write(patches_dir: Path, wanted: dict[str, bytes]) -> list[str]:
+    """Write the export; each file is replaced atomically. Returns the names that changed."""
+    changed: list[str] = []
+    for name in stale_files(patches_dir, wanted):
+        (patches_dir / name).unlink(missing_ok=True)
+        changed.append(name)
+    for name, content in sorted(wanted.items()):
+        path = patches_dir / name
+        if path.exists() and path.read_bytes() == content:
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(content)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+        changed.append(name)
+    return changed

@@ -1,0 +1,63 @@
+"""Static checks of patches/: everything that can be wrong before anything is applied."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from vllm_overlay import paths
+from vllm_overlay.series import (
+    ONE_OF_FIELDS,
+    REQUIRED_FIELDS,
+    SERIES_FILE,
+    SERIES_NAME_RE,
+    SeriesError,
+    load_patch,
+    read_series,
+)
+
+
+def lint(repo_root: Path, patches_dir: Path, tree: Path | None = None) -> list[str]:
+    """Every problem found, as ``patches/NAME: message`` lines (empty list: all good)."""
+    problems: list[str] = []
+    try:
+        entries = read_series(patches_dir)
+    except SeriesError as exc:
+        return [str(exc)]
+    counts = Counter(entry.path for entry in entries)
+    for name, count in counts.items():
+        if count > 1:
+            problems.append(f"patches/{name}: listed {count} times in series")
+    on_disk = {p.relative_to(patches_dir).as_posix() for p in patches_dir.rglob("*.patch")}
+    for name in sorted(on_disk - set(counts)):
+        problems.append(f"patches/{name}: not listed in {SERIES_FILE}")
+    for name in counts:
+        try:
+            patch = load_patch(patches_dir, name)
+        except (SeriesError, UnicodeDecodeError) as exc:
+            problems.append(f"patches/{name}: {exc}")
+            continue
+        where = f"patches/{name}"
+        present = {key.lower() for key, _ in patch.trailers}
+        for required in REQUIRED_FIELDS:
+            if required.lower() not in present:
+                problems.append(f"{where}: missing header '{required}:'")
+        for group in ONE_OF_FIELDS:
+            if not any(key.lower() in present for key in group):
+                problems.append(f"{where}: needs one of the headers {', '.join(k + ':' for k in group)}")
+        series = patch.series
+        directory = name.split("/", 1)[0] if "/" in name else ""
+        if series and not SERIES_NAME_RE.match(series):
+            problems.append(f"{where}: Series {series!r} is not a lowercase-dashed name")
+        if series and directory != series:
+            problems.append(f"{where}: Series: {series} but the file is in patches/{directory or '.'}/")
+        for test in patch.tests:
+            test_file = test.split("::", 1)[0]
+            if not (repo_root / test_file).is_file():
+                problems.append(f"{where}: Tests names {test_file}, which does not exist")
+        for target in patch.targets:
+            module, sep, qualname = target.partition(":")
+            if not sep or not module or not qualname:
+                problems.append(f"{where}: Targets {target!r} is not MODULE:QUALNAME")
+        problems.extend(f"{where}: {problem}" for problem in paths.problems(patch, tree))
+    return problems

@@ -1,0 +1,150 @@
+"""upstream.lock: the single statement of what "upstream" is.
+
+Parsed with tomllib into frozen dataclasses so the rest of the tool never handles raw dicts.
+Rewriting the lock (on a bump) regenerates the whole file from a template so its layout and
+comments never drift.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tempfile
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+LOCK_NAME = "upstream.lock"
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+DIGEST_RE = re.compile(r"^(sha256:[0-9a-f]{64})?$")
+
+
+class LockError(ValueError):
+    """upstream.lock is missing, malformed or inconsistent."""
+
+
+@dataclass(frozen=True)
+class Artifact:
+    filename: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Lock:
+    project: str
+    version: str
+    commit: str
+    sdist: Artifact
+    wheels: dict[str, Artifact]
+    base_image: str
+    base_digest: str
+    pins: dict[str, str] = field(default_factory=dict)
+    path: Path | None = None
+
+    @property
+    def content_hash(self) -> str:
+        """sha256 of the lock file's bytes: keys caches that must follow the lock."""
+        if self.path is None:
+            raise LockError("lock has no file")
+        return hashlib.sha256(self.path.read_bytes()).hexdigest()
+
+
+def _require(table: dict, key: str, where: str) -> object:
+    if key not in table:
+        raise LockError(f"{LOCK_NAME}: missing '{key}' in [{where}]")
+    return table[key]
+
+
+def _artifact(table: dict, where: str) -> Artifact:
+    filename = str(_require(table, "filename", where))
+    sha256 = str(_require(table, "sha256", where))
+    if not SHA256_RE.match(sha256):
+        raise LockError(f"{LOCK_NAME}: [{where}] sha256 is not 64 lowercase hex digits: {sha256!r}")
+    return Artifact(filename, sha256)
+
+
+def parse(text: str, path: Path | None = None) -> Lock:
+    """Parse and validate the lock's TOML text."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise LockError(f"{LOCK_NAME}: not valid TOML: {exc}") from exc
+    upstream = _require(data, "upstream", "top level")
+    artifacts = _require(data, "artifacts", "top level")
+    base = _require(data, "base-image", "top level")
+    sdist = _artifact(_require(artifacts, "sdist", "artifacts"), "artifacts.sdist")
+    wheels = {
+        name.removeprefix("wheel-"): _artifact(table, f"artifacts.{name}")
+        for name, table in sorted(artifacts.items())
+        if name.startswith("wheel-")
+    }
+    digest = str(base.get("digest", ""))
+    if not DIGEST_RE.match(digest):
+        raise LockError(f"{LOCK_NAME}: [base-image] digest must be empty or sha256:<64 hex>: {digest!r}")
+    version = str(_require(upstream, "version", "upstream"))
+    if sdist.filename != f"{upstream.get('project', 'vllm')}-{version}.tar.gz":
+        raise LockError(f"{LOCK_NAME}: sdist {sdist.filename} does not match version {version}")
+    return Lock(
+        project=str(_require(upstream, "project", "upstream")),
+        version=version,
+        commit=str(_require(upstream, "commit", "upstream")),
+        sdist=sdist,
+        wheels=wheels,
+        base_image=str(_require(base, "name", "base-image")),
+        base_digest=digest,
+        pins={str(k): str(v) for k, v in data.get("pins", {}).items()},
+        path=path,
+    )
+
+
+def load(path: Path) -> Lock:
+    """Read upstream.lock from disk."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise LockError(f"{path}: not found") from exc
+    return parse(text, path)
+
+
+def render(lock: Lock) -> str:
+    """The lock's canonical text (what `bump` writes)."""
+    lines = [
+        '# What "upstream" means for this overlay. Read by vllm_overlay.lock (tomllib).',
+        "# Every value is taken from the release itself: the sdist's vllm/_version.py, the package index's",
+        "# published sha256s, and the release's own requirement pins. Nothing here is guessed.",
+        "",
+        "[upstream]",
+        f'project = "{lock.project}"',
+        f'version = "{lock.version}"',
+        "# Commit id as the release records it (vllm/_version.py: __commit_id__).",
+        f'commit = "{lock.commit}"',
+        "",
+        "[artifacts.sdist]",
+        f'filename = "{lock.sdist.filename}"',
+        f'sha256 = "{lock.sdist.sha256}"',
+    ]
+    for arch, wheel in lock.wheels.items():
+        lines += ["", f"[artifacts.wheel-{arch}]", f'filename = "{wheel.filename}"', f'sha256 = "{wheel.sha256}"']
+    lines += [
+        "",
+        "[base-image]",
+        f'name = "{lock.base_image}"',
+        "# Empty until a command resolves the tag against a registry. Never write an invented digest.",
+        f'digest = "{lock.base_digest}"',
+        "",
+        "[pins]",
+        f"# What vLLM {lock.version} itself pins (its Requires-Dist).",
+    ]
+    lines += [f'{name} = "{version}"' for name, version in lock.pins.items()]
+    return "\n".join(lines) + "\n"
+
+
+def write(lock: Lock, path: Path) -> None:
+    """Write the lock atomically: a crash never leaves half a lock behind."""
+    text = render(lock)
+    parse(text)  # never write something we could not read back
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".upstream.lock.")
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.replace(tmp, path)

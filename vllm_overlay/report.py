@@ -1,0 +1,45 @@
+"""Human and machine renderings of an apply report."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from vllm_overlay.apply import Report
+
+
+def apply_table(report: Report) -> str:
+    up = report.upstream
+    lines = [
+        f"upstream: {up.label} ({up.kind}; release commit {up.release_commit or '?'}"
+        + (f"; sdist sha256 {up.sha256}" if up.sha256 else "")
+        + ")",
+    ]
+    width = max((len(r.name) for r in report.results), default=10)
+    for result in report.results:
+        mark = "ok " if result.accepted else "NO "
+        lines.append(f"  {mark}{result.status:<17} {result.name:<{width}}")
+        if result.detail and result.status.value != "clean":
+            lines.append(f"      {result.detail}")
+        lines.extend(f"      {note}" for note in result.hunks)
+    accepted = sum(r.accepted for r in report.results)
+    if report.published:
+        lines.append(f"{accepted}/{len(report.results)} patches applied; patched tree: {report.output}")
+    else:
+        lines.append(
+            f"{accepted}/{len(report.results)} patches accepted; nothing written to {report.output} "
+            "(see the statuses above; --allow-offset, --allow-fuzz and --3way widen what is accepted)"
+        )
+    return "\n".join(lines)
+
+
+def write_json(data: object, path: Path) -> None:
+    """Write JSON atomically so a reader never sees half a report."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        json.dump(data, handle, indent=2, sort_keys=True)
+        handle.write("\n")
+    os.replace(tmp, path)

@@ -1,0 +1,220 @@
+"""The patch data: ``patches/series`` (quilt syntax) and the git-format-patch files it lists.
+
+A patch file is an mbox message as ``git format-patch`` writes it. Its commit message ends in a
+block of git trailers carrying the DEP-3 headers and the project's own (Series, Tests,
+Upstream-Tests, Targets); git itself parses that block. The diff is parsed with unidiff.
+"""
+
+from __future__ import annotations
+
+import email
+import email.policy
+import re
+import subprocess
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import unidiff
+
+SERIES_FILE = "series"
+# DEP-3 fields we require, plus the project's own.
+REQUIRED_FIELDS = ("Description", "Origin", "Last-Update", "Series", "Tests", "Upstream-Tests", "Targets")
+ONE_OF_FIELDS = (("Bug", "Forwarded"),)
+MULTI_VALUE_FIELDS = ("Tests", "Upstream-Tests", "Targets")
+# Added on apply so export knows which file a commit came from; never written to a patch file.
+PATCH_FILE_TRAILER = "Patch-File"
+SERIES_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+
+
+class SeriesError(ValueError):
+    """The series file or a patch file is malformed."""
+
+
+@dataclass(frozen=True)
+class SeriesEntry:
+    """One line of patches/series."""
+
+    path: str  # relative to patches/, e.g. "loader-layouts/full-table-layouts.patch"
+    line: int
+
+    @property
+    def series(self) -> str:
+        return self.path.split("/", 1)[0] if "/" in self.path else ""
+
+
+@dataclass
+class Patch:
+    """A parsed patch file."""
+
+    path: Path
+    name: str  # path relative to patches/
+    subject: str
+    author: str
+    date: str
+    message: str  # subject line + body, as the commit message
+    trailers: list[tuple[str, str]]
+    diff: unidiff.PatchSet
+    raw: bytes = field(repr=False)
+
+    def values(self, key: str) -> list[str]:
+        """All values of a trailer (case-insensitive key); comma/space separated lists are split."""
+        found: list[str] = []
+        for name, value in self.trailers:
+            if name.lower() == key.lower():
+                if key in MULTI_VALUE_FIELDS:
+                    found.extend(v for v in re.split(r"[,\s]+", value) if v)
+                else:
+                    found.append(value)
+        return found
+
+    def value(self, key: str) -> str | None:
+        values = self.values(key)
+        return values[0] if values else None
+
+    @property
+    def series(self) -> str:
+        return self.value("Series") or ""
+
+    @property
+    def tests(self) -> list[str]:
+        return self.values("Tests")
+
+    @property
+    def upstream_tests(self) -> list[str]:
+        return self.values("Upstream-Tests")
+
+    @property
+    def targets(self) -> list[str]:
+        return self.values("Targets")
+
+    @property
+    def touched_files(self) -> list[str]:
+        """Paths (relative to the tree) the patch modifies, adds or removes."""
+        names: list[str] = []
+        for patched in self.diff:
+            for candidate in (patched.source_file, patched.target_file):
+                if candidate and candidate != "/dev/null":
+                    stripped = candidate[2:] if candidate[:2] in ("a/", "b/") else candidate
+                    if stripped not in names:
+                        names.append(stripped)
+        return names
+
+
+def read_series(patches_dir: Path) -> list[SeriesEntry]:
+    """Parse patches/series: one patch path per line, ``#`` comments, optional ``-p1``."""
+    path = patches_dir / SERIES_FILE
+    if not path.exists():
+        raise SeriesError(f"{path}: not found")
+    entries: list[SeriesEntry] = []
+    for number, raw_line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        line = raw_line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        words = line.split()
+        if len(words) > 2 or (len(words) == 2 and words[1] != "-p1"):
+            raise SeriesError(f"{path}:{number}: expected 'PATCH [-p1]', got {raw_line!r}")
+        entries.append(SeriesEntry(words[0], number))
+    return entries
+
+
+def render_series(names: list[str]) -> str:
+    """The series file's text for ``names`` in order, grouped under one comment per series."""
+    lines = ["# Patch order (quilt syntax). Grouped by series; edit with scripts/export-patches."]
+    current = None
+    for name in names:
+        series = name.split("/", 1)[0]
+        if series != current:
+            lines += ["", f"# {series}"]
+            current = series
+        lines.append(name)
+    return "\n".join(lines) + "\n"
+
+
+def parse_trailers(message: str) -> list[tuple[str, str]]:
+    """Trailers of a commit message, parsed by git itself."""
+    result = subprocess.run(
+        ["git", "interpret-trailers", "--parse", "--no-divider"],
+        input=message,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    pairs: list[tuple[str, str]] = []
+    for line in result.stdout.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            pairs.append((key.strip(), value.strip()))
+    return pairs
+
+
+def parse_patch_bytes(raw: bytes, path: Path, name: str) -> Patch:
+    """Parse one git-format-patch file."""
+    text = raw.decode("utf-8")
+    head, sep, _ = text.partition("\n---\n")
+    if not sep:
+        raise SeriesError(f"{name}: no '---' line separating the commit message from the diff")
+    message_part = head.split("\n", 1)[1] if head.startswith("From ") else head
+    mail = email.message_from_string(message_part, policy=email.policy.compat32)
+    subject = re.sub(r"\s+", " ", str(mail.get("Subject", ""))).strip()
+    subject = re.sub(r"^\[PATCH[^\]]*\]\s*", "", subject)
+    if not subject:
+        raise SeriesError(f"{name}: no Subject header (is it a git-format-patch file?)")
+    body = mail.get_payload()
+    if not isinstance(body, str):
+        raise SeriesError(f"{name}: multipart message; expected a plain git-format-patch file")
+    message = subject + "\n\n" + body.strip("\n") + "\n"
+    try:
+        diff = unidiff.PatchSet(text)
+    except unidiff.UnidiffParseError as exc:
+        raise SeriesError(f"{name}: the diff does not parse: {exc}") from exc
+    if not len(diff):
+        raise SeriesError(f"{name}: contains no diff")
+    return Patch(
+        path=path,
+        name=name,
+        subject=subject,
+        author=str(mail.get("From", "")),
+        date=str(mail.get("Date", "")),
+        message=message,
+        trailers=parse_trailers(message),
+        diff=diff,
+        raw=raw,
+    )
+
+
+def load_patch(patches_dir: Path, name: str) -> Patch:
+    path = patches_dir / name
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError as exc:
+        raise SeriesError(f"{name}: listed in series but the file does not exist") from exc
+    return parse_patch_bytes(raw, path, name)
+
+
+def load_series(patches_dir: Path) -> list[Patch]:
+    """All patches in series order. Raises on the first malformed entry (lint reports them all)."""
+    entries = read_series(patches_dir)
+    duplicates = [name for name, count in Counter(e.path for e in entries).items() if count > 1]
+    if duplicates:
+        raise SeriesError(f"listed more than once in series: {', '.join(duplicates)}")
+    return [load_patch(patches_dir, entry.path) for entry in entries]
+
+
+def series_names(patches: list[Patch]) -> list[str]:
+    """Series in the order their first patch appears."""
+    seen: list[str] = []
+    for patch in patches:
+        if patch.series not in seen:
+            seen.append(patch.series)
+    return seen
+
+
+def select(patches: list[Patch], only: str | None) -> list[Patch]:
+    """Patches named by ``--only``: a series name or a patch name (with or without .patch)."""
+    if not only:
+        return patches
+    chosen = [p for p in patches if only in (p.series, p.name, p.name.removesuffix(".patch"), Path(p.name).stem)]
+    if not chosen:
+        raise SeriesError(f"--only {only!r} names no series or patch in patches/series")
+    return chosen

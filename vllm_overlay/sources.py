@@ -1,0 +1,368 @@
+"""Upstream sources behind one interface: the locked sdist, another release, a directory, a git rev.
+
+Whatever the source, the result is the same: a root commit in the store's bare repository
+(``upstreams.git``) tagged ``upstream/<label>``, holding the upstream tree exactly. Downloads are
+verified against a sha256 *before* anything is unpacked, unpacking refuses members that would land
+outside the extraction directory, and nothing is published to the cache until it is complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import tarfile
+import tempfile
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import git
+from tqdm import tqdm
+
+from vllm_overlay import output
+from vllm_overlay.lock import Lock
+from vllm_overlay.store import Store
+
+DEFAULT_INDEX = "https://pypi.org/simple"
+VERSION_RE = re.compile(r"^\d+(\.\d+)*([._-]?(a|b|rc|post|dev)\d*)*$")
+IMPORT_IDENTITY = {
+    "GIT_AUTHOR_NAME": "upstream import",
+    "GIT_AUTHOR_EMAIL": "upstream@vllm-overlay.invalid",
+    "GIT_COMMITTER_NAME": "upstream import",
+    "GIT_COMMITTER_EMAIL": "upstream@vllm-overlay.invalid",
+    # Fixed dates: importing the same tree always yields the same commit id.
+    "GIT_AUTHOR_DATE": "2000-01-01T00:00:00+0000",
+    "GIT_COMMITTER_DATE": "2000-01-01T00:00:00+0000",
+}
+
+
+class SourceError(RuntimeError):
+    """An upstream could not be obtained or failed verification; nothing from it was used."""
+
+
+@dataclass(frozen=True)
+class IndexFile:
+    filename: str
+    url: str
+    sha256: str
+    size: int | None
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """An upstream tree imported into the store, ready to be checked out."""
+
+    kind: str  # locked | release | directory | git
+    label: str  # e.g. "0.33.0", "dir-<tree>", "git-<sha>"
+    tag: str  # tag in the store repository
+    commit: str  # commit id of the import in the store repository
+    version: str | None  # vLLM version, where known
+    release_commit: str | None  # commit id the release records (vllm/_version.py)
+    sha256: str | None  # sdist sha256 for releases
+    origin: str  # where it came from (URL, directory, repo@rev)
+
+    def to_json(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def index_url() -> str:
+    return os.environ.get("VLLM_OVERLAY_INDEX_URL", DEFAULT_INDEX).rstrip("/")
+
+
+def release_files(project: str, version: str) -> list[IndexFile]:
+    """Files the package index publishes for one release, with the sha256 the index states."""
+    url = f"{index_url()}/{project}/"
+    request = urllib.request.Request(url, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            data = json.load(response)
+    except (urllib.error.URLError, TimeoutError, json.JSONDecodeError) as exc:
+        raise SourceError(f"cannot read the package index at {url}: {exc}") from exc
+    prefix_sdist = f"{project}-{version}.tar.gz"
+    prefix_wheel = f"{project}-{version}-"
+    files = [
+        IndexFile(f["filename"], f["url"], f.get("hashes", {}).get("sha256", ""), f.get("size"))
+        for f in data.get("files", [])
+        if f["filename"] == prefix_sdist or f["filename"].startswith(prefix_wheel)
+    ]
+    if not files:
+        raise SourceError(f"the package index lists no files for {project} {version}")
+    return files
+
+
+def sdist_of(project: str, version: str) -> IndexFile:
+    for entry in release_files(project, version):
+        if entry.filename == f"{project}-{version}.tar.gz":
+            if not re.fullmatch(r"[0-9a-f]{64}", entry.sha256):
+                raise SourceError(f"the index gives no sha256 for {entry.filename}")
+            return entry
+    raise SourceError(f"the package index lists no sdist for {project} {version}")
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def download(url: str, dest: Path, sha256: str, size: int | None = None) -> Path:
+    """Download ``url`` to ``dest`` unless a verified copy is there. Shows progress.
+
+    The file is written under a temporary name and only renamed into place after its length and
+    sha256 match; a truncated or corrupted download never becomes visible in the cache.
+    """
+    if dest.exists():
+        if sha256_file(dest) == sha256:
+            return dest
+        output.warn(f"cached {dest.name} does not match its sha256; downloading again")
+        dest.unlink()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+    tmp = Path(tmp_name)
+    digest = hashlib.sha256()
+    received = 0
+    try:
+        with os.fdopen(fd, "wb") as handle, urllib.request.urlopen(url, timeout=120) as response:
+            total = int(response.headers.get("Content-Length") or 0) or size
+            with tqdm(total=total, unit="B", unit_scale=True, desc=f"download {dest.name}", leave=False) as bar:
+                for block in iter(lambda: response.read(1 << 20), b""):
+                    handle.write(block)
+                    digest.update(block)
+                    received += len(block)
+                    bar.update(len(block))
+        if total and received != total:
+            raise SourceError(f"{dest.name}: truncated download ({received} of {total} bytes)")
+        actual = digest.hexdigest()
+        if actual != sha256:
+            raise SourceError(f"{dest.name}: sha256 mismatch: expected {sha256}, got {actual}")
+        os.replace(tmp, dest)
+        return dest
+    except (urllib.error.URLError, TimeoutError, OSError) as exc:
+        raise SourceError(f"download of {url} failed: {exc}") from exc
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def unpack_sdist(archive: Path, dest: Path) -> Path:
+    """Unpack a verified sdist into ``dest`` and return its single top-level directory.
+
+    Members are extracted with tarfile's ``data`` filter: no absolute paths, no ``..``, no links
+    leaving the directory, no device files, and no ownership taken from the archive (git refuses
+    trees owned by other users).
+    """
+    try:
+        with tarfile.open(archive, "r:*") as tar:
+            tar.extractall(dest, filter="data")
+    except (tarfile.FilterError, tarfile.TarError, EOFError) as exc:
+        raise SourceError(f"{archive.name}: refused to unpack: {exc}") from exc
+    entries = [p for p in dest.iterdir()]
+    if len(entries) != 1 or not entries[0].is_dir():
+        raise SourceError(f"{archive.name}: expected one top-level directory, found {len(entries)} entries")
+    return entries[0]
+
+
+def release_commit_id(tree: Path) -> str | None:
+    """The commit id a vLLM release records in vllm/_version.py, if any."""
+    version_file = tree / "vllm" / "_version.py"
+    if not version_file.is_file():
+        return None
+    match = re.search(r"commit_id\s*=\s*['\"]([^'\"]+)['\"]", version_file.read_text(encoding="utf-8"))
+    return match.group(1) if match else None
+
+
+def release_version(tree: Path) -> str | None:
+    version_file = tree / "vllm" / "_version.py"
+    if not version_file.is_file():
+        return None
+    match = re.search(r"__version__\s*=\s*version\s*=\s*['\"]([^'\"]+)['\"]", version_file.read_text(encoding="utf-8"))
+    return match.group(1) if match else None
+
+
+def _store_repo(store: Store) -> git.Repo:
+    if not (store.upstreams_git / "HEAD").exists():
+        store.upstreams_git.parent.mkdir(parents=True, exist_ok=True)
+        return git.Repo.init(store.upstreams_git, bare=True)
+    return git.Repo(store.upstreams_git)
+
+
+def _tag_commit(repo: git.Repo, tag: str) -> str | None:
+    try:
+        return repo.git.rev_parse("--verify", "--quiet", f"refs/tags/{tag}^{{commit}}")
+    except git.GitCommandError:
+        return None
+
+
+def import_tree(store: Store, tree: Path, tag: str, message: str) -> str:
+    """Record ``tree`` (everything but .git) as a root commit tagged ``tag``; return its id.
+
+    A private index file keeps the import independent of any repository state, and fixed
+    identity and dates make the commit id a function of the tree alone.
+    """
+    repo = _store_repo(store)
+    with tempfile.TemporaryDirectory(prefix="vllm-overlay-index-") as tmp:
+        env = dict(IMPORT_IDENTITY, GIT_INDEX_FILE=str(Path(tmp) / "index"), GIT_WORK_TREE=str(tree))
+        repo.git.execute(["git", "add", "--all", "--force", "--", ".", ":(exclude).git"], env=env)
+        tree_id = repo.git.execute(["git", "write-tree"], env=env)
+        commit = repo.git.execute(["git", "commit-tree", tree_id, "-m", message], env=env)
+    repo.git.tag("--force", tag, commit)
+    return commit
+
+
+def _import_release_archive(store: Store, archive: Path, tag: str) -> tuple[str, Path]:
+    with tempfile.TemporaryDirectory(prefix="vllm-overlay-unpack-") as tmp:
+        top = unpack_sdist(archive, Path(tmp))
+        commit = import_tree(store, top, tag, f"upstream: {archive.name}")
+        return commit, top
+
+
+def parse_spec(spec: str | None) -> tuple[str, str]:
+    """Classify an --upstream value: (kind, value). ``None`` means the lock."""
+    if spec is None or spec in ("", "locked"):
+        return "locked", ""
+    if Path(spec).is_dir():
+        return "directory", spec
+    if "@" in spec:
+        return "git", spec
+    if VERSION_RE.match(spec):
+        return "release", spec
+    raise SourceError(f"--upstream {spec!r}: not a version number, an existing directory, or REPOSITORY@REVISION")
+
+
+def obtain(spec: str | None, lock: Lock, store: Store) -> Upstream:
+    """Import the upstream named by ``spec`` into the store (cached) and describe it."""
+    kind, value = parse_spec(spec)
+    with store.exclusive():
+        if kind in ("locked", "release"):
+            version = lock.version if kind == "locked" else value
+            return _obtain_release(store, lock, version, locked=kind == "locked" or version == lock.version)
+        if kind == "directory":
+            return _obtain_directory(store, Path(value))
+        return _obtain_git(store, value)
+
+
+def _obtain_release(store: Store, lock: Lock, version: str, locked: bool) -> Upstream:
+    project = lock.project
+    tag = f"upstream/{version}"
+    filename = f"{project}-{version}.tar.gz"
+    archive = store.downloads / filename
+    if locked:
+        sha256 = lock.sdist.sha256
+        url: str | None = None
+    else:
+        entry = sdist_of(project, version) if not archive.exists() else None
+        sha256 = entry.sha256 if entry else _cached_sha(store, filename)
+        url = entry.url if entry else None
+    repo = _store_repo(store)
+    commit = _tag_commit(repo, tag)
+    marker = store.downloads / f"{filename}.imported"
+    if commit is None or not marker.exists() or marker.read_text().strip() != f"{sha256} {commit}":
+        if not archive.exists() or sha256_file(archive) != sha256:
+            if url is None:
+                entry = sdist_of(project, version)
+                if locked and entry.sha256 != sha256:
+                    raise SourceError(
+                        f"the index's sha256 for {filename} ({entry.sha256}) differs from upstream.lock ({sha256})"
+                    )
+                url = entry.url
+            output.info(f"downloading {filename}")
+            download(url, archive, sha256)
+        output.info(f"importing {filename} into the upstream cache")
+        commit = _import_release_archive(store, archive, tag)[0]
+        marker.write_text(f"{sha256} {commit}\n")
+        (store.downloads / f"{filename}.sha256").write_text(sha256 + "\n")
+    release_commit = _release_commit_from_repo(repo, commit)
+    return Upstream(
+        kind="locked" if locked else "release",
+        label=version,
+        tag=tag,
+        commit=commit,
+        version=version,
+        release_commit=release_commit,
+        sha256=sha256,
+        origin=url or f"{index_url()}/{project}/ ({filename})",
+    )
+
+
+def _cached_sha(store: Store, filename: str) -> str:
+    recorded = store.downloads / f"{filename}.sha256"
+    if recorded.exists():
+        return recorded.read_text().strip()
+    raise SourceError(f"no recorded sha256 for cached {filename}; delete it from {store.downloads}")
+
+
+def _release_commit_from_repo(repo: git.Repo, commit: str) -> str | None:
+    try:
+        text = repo.git.show(f"{commit}:vllm/_version.py")
+    except git.GitCommandError:
+        return None
+    match = re.search(r"commit_id\s*=\s*['\"]([^'\"]+)['\"]", text)
+    return match.group(1) if match else None
+
+
+def _obtain_directory(store: Store, directory: Path) -> Upstream:
+    directory = directory.resolve()
+    if not (directory / "vllm").is_dir():
+        raise SourceError(f"{directory}: not a vLLM source tree (no vllm/ package directory)")
+    tag = "upstream/dir-" + hashlib.sha256(str(directory).encode()).hexdigest()[:12]
+    commit = import_tree(store, directory, tag, f"upstream: directory {directory}")
+    return Upstream(
+        kind="directory",
+        label=directory.name,
+        tag=tag,
+        commit=commit,
+        version=release_version(directory),
+        release_commit=release_commit_id(directory),
+        sha256=None,
+        origin=str(directory),
+    )
+
+
+def _obtain_git(store: Store, spec: str) -> Upstream:
+    repository, _, revision = spec.rpartition("@")
+    if not repository or not revision:
+        raise SourceError(f"--upstream {spec!r}: expected REPOSITORY@REVISION")
+    repo = _store_repo(store)
+    depth = [] if Path(repository).exists() else ["--depth=1"]
+    try:
+        repo.git.fetch("--no-tags", "--quiet", *depth, repository, revision)
+    except git.GitCommandError as exc:
+        raise SourceError(f"cannot fetch {revision} from {repository}: {exc.stderr.strip()}") from exc
+    fetched = repo.git.rev_parse("FETCH_HEAD^{commit}")
+    tag = f"upstream/git-{fetched[:12]}"
+    repo.git.tag("--force", tag, fetched)
+    try:
+        version_text = repo.git.show(f"{fetched}:vllm/_version.py")
+        match = re.search(r"__version__\s*=\s*version\s*=\s*['\"]([^'\"]+)['\"]", version_text)
+        version = match.group(1) if match else None
+    except git.GitCommandError:
+        version = None
+    return Upstream(
+        kind="git",
+        label=f"git-{fetched[:12]}",
+        tag=tag,
+        commit=fetched,
+        version=version,
+        release_commit=fetched,
+        sha256=None,
+        origin=spec,
+    )
+
+
+def checkout(store: Store, upstream: Upstream, dest: Path) -> git.Repo:
+    """Clone the store repository into ``dest`` (which must not exist) at the upstream's commit.
+
+    All upstream tags come along, so a 3-way merge finds the blobs a patch was made against even
+    when the target is another release.
+    """
+    if dest.exists():
+        raise FileExistsError(dest)
+    repo = git.Repo.clone_from(str(store.upstreams_git), str(dest), no_checkout=True, local=True)
+    repo.git.checkout("--quiet", "-B", "patched", upstream.commit)
+    shutil.rmtree(dest / ".git" / "hooks", ignore_errors=True)
+    return repo

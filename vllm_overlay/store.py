@@ -1,0 +1,52 @@
+"""The cache directory: downloads, imported upstream trees, test environments.
+
+One ``Store`` owns the cache root and takes an exclusive lock around every mutation, so two
+concurrent runs (a developer's shell and an editor's test run) never interleave half-written
+entries. Everything in it can be deleted at any time; it is rebuilt on demand.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def default_root() -> Path:
+    """$VLLM_OVERLAY_CACHE, else $XDG_CACHE_HOME/vllm-overlay, else ~/.cache/vllm-overlay."""
+    explicit = os.environ.get("VLLM_OVERLAY_CACHE")
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(xdg) / "vllm-overlay"
+
+
+class Store:
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = (root or default_root()).resolve()
+
+    @property
+    def downloads(self) -> Path:
+        return self.root / "downloads"
+
+    @property
+    def upstreams_git(self) -> Path:
+        """Bare repository holding every imported upstream as a tagged root commit."""
+        return self.root / "upstreams.git"
+
+    @property
+    def envs(self) -> Path:
+        return self.root / "envs"
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold the store's lock (blocks until another process releases it)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / ".lock", "a+") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
