@@ -4,8 +4,9 @@ Every patch gets exactly one status, decided by git itself before the tree is to
 
     clean             every hunk applies at its recorded line
     offset            every hunk applies, some at other lines (refused unless --allow-offset)
-    fuzz              applies only with reduced context (refused unless --allow-fuzz)
     merged-3way       applies only through a 3-way merge (refused unless --3way)
+    fuzz              applies only with reduced context and no 3-way merge is possible
+                      (refused unless --allow-fuzz)
     conflict          does not apply, not even through a 3-way merge
     already-upstream  the patch reverse-applies: upstream already carries the change
     target-missing    a file the patch modifies does not exist upstream
@@ -132,24 +133,39 @@ def _recorded_starts(patch: Patch) -> dict[tuple[str, int], int]:
     return starts
 
 
-def _notes_from_success(patch: Patch, stderr: str) -> tuple[list[HunkNote], bool]:
-    """Hunk notes from git's verbose output; returns (notes, fuzz_used)."""
+def _notes_from_success(patch: Patch, stderr: str) -> list[HunkNote]:
+    """Hunk notes from git's verbose output: offsets, and fuzz ("Context reduced") per hunk.
+
+    git prints "Hunk #N succeeded at L (offset K lines)." and, when it had to drop context,
+    "Context reduced to (a/b) ..." right after it; with reduced context the offset git prints is
+    relative to the trimmed hunk, so for such a hunk only the fuzz note is kept.
+    """
     starts = _recorded_starts(patch)
-    notes: list[HunkNote] = []
-    fuzz = False
-    # Split the verbose output per file: "Checking patch F..." starts each section.
-    sections = CHECKING_RE.split(stderr)
-    for position in range(1, len(sections), 2):
-        file_name, text = sections[position], sections[position + 1]
-        for match in HUNK_OK_RE.finditer(text):
-            hunk, offset = int(match.group(1)), match.group(3)
+    notes: dict[tuple[str, int], HunkNote] = {}
+    current_file = ""
+    last: tuple[str, int] | None = None
+    for line in stderr.splitlines():
+        checking = CHECKING_RE.match(line)
+        if checking:
+            current_file = checking.group(1)
+            continue
+        succeeded = HUNK_OK_RE.match(line)
+        if succeeded:
+            hunk, offset = int(succeeded.group(1)), succeeded.group(3)
+            last = (current_file, hunk)
             if offset and int(offset) != 0:
-                notes.append(HunkNote(file_name, hunk, starts.get((file_name, hunk), 0), f"offset {int(offset):+d}"))
-        for match in CONTEXT_REDUCED_RE.finditer(text):
-            fuzz = True
-            at = int(match.group(3))
-            notes.append(HunkNote(file_name, 0, at, f"fuzz: context reduced to {match.group(1)}/{match.group(2)}"))
-    return notes, fuzz
+                notes[last] = HunkNote(current_file, hunk, starts.get(last, 0), f"offset {int(offset):+d}")
+            continue
+        reduced = CONTEXT_REDUCED_RE.match(line)
+        if reduced:
+            key = last or (current_file, 0)
+            notes[key] = HunkNote(
+                key[0],
+                key[1],
+                starts.get(key, 0),
+                f"fuzz: context reduced to {reduced.group(1)}/{reduced.group(2)}, applies at line {reduced.group(3)}",
+            )
+    return list(notes.values())
 
 
 def _failing_hunks(repo: git.Repo, patch: Patch, scratch: Path) -> list[HunkNote]:
@@ -196,7 +212,7 @@ def classify(repo: git.Repo, patch: Patch) -> PatchResult:
     base = dict(name=patch.name, series=patch.series, subject=patch.subject, accepted=False)
     status, err = _git_check(repo, patch.path)
     if status == 0:
-        notes, _ = _notes_from_success(patch, err)
+        notes = _notes_from_success(patch, err)
         return PatchResult(status=Status.OFFSET if notes else Status.CLEAN, hunks=notes, **base)
     reverse_status, _ = _git_check(repo, patch.path, "--reverse")
     if reverse_status == 0:
@@ -208,16 +224,19 @@ def classify(repo: git.Repo, patch: Patch) -> PatchResult:
     missing = _missing_targets(repo, patch)
     if missing:
         return PatchResult(status=Status.TARGET_MISSING, hunks=missing, detail="a modified file is missing", **base)
-    fuzz_status, fuzz_err = _git_check(repo, patch.path, f"-C{FUZZ_CONTEXT}")
     with tempfile.TemporaryDirectory(prefix="vllm-overlay-hunks-") as tmp:
         failing = _failing_hunks(repo, patch, Path(tmp))
+    # A 3-way merge is tried before fuzz: it resolves against the exact blobs the patch was made
+    # on, where fuzz only drops context lines and hopes. Fuzz remains for patches whose preimage
+    # blobs are unknown to the repository.
+    if _three_way_succeeds(repo, patch.path):
+        return PatchResult(status=Status.MERGED_3WAY, hunks=failing, detail="applies through a 3-way merge", **base)
+    fuzz_status, fuzz_err = _git_check(repo, patch.path, f"-C{FUZZ_CONTEXT}")
     if fuzz_status == 0:
-        notes, _ = _notes_from_success(patch, fuzz_err)
+        notes = [n for n in _notes_from_success(patch, fuzz_err) if n.note.startswith("fuzz")]
         return PatchResult(
             status=Status.FUZZ, hunks=notes or failing, detail="applies only with reduced context", **base
         )
-    if _three_way_succeeds(repo, patch.path):
-        return PatchResult(status=Status.MERGED_3WAY, hunks=failing, detail="applies through a 3-way merge", **base)
     return PatchResult(status=Status.CONFLICT, hunks=failing, detail=_first_error(err), **base)
 
 

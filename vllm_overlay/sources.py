@@ -158,6 +158,10 @@ def unpack_sdist(archive: Path, dest: Path) -> Path:
     """
     try:
         with tarfile.open(archive, "r:*") as tar:
+            for member in tar.getmembers():
+                # The data filter would silently strip a leading "/"; an sdist never has one.
+                if member.name.startswith("/"):
+                    raise SourceError(f"{archive.name}: refused to unpack: absolute member {member.name!r}")
             tar.extractall(dest, filter="data")
     except (tarfile.FilterError, tarfile.TarError, EOFError) as exc:
         raise SourceError(f"{archive.name}: refused to unpack: {exc}") from exc

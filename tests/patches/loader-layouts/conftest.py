@@ -14,18 +14,15 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import Qwen4ExpTextConfig
-
 import vllm.model_executor.layers.vocab_parallel_embedding as embedding_module
 import vllm.model_executor.parameter as parameter_module
 import vllm.models.qwen4_exp.amd.ple_layer as amd_ple_layer
 import vllm.models.qwen4_exp.common.ngram_embedding as common_ngram_embedding
 import vllm.models.qwen4_exp.nvidia.ngram_embedding as nvidia_ngram_embedding
+from transformers import Qwen4ExpTextConfig
 
 
-def _set_parallel_rank(
-    monkeypatch: pytest.MonkeyPatch, *, rank: int, world_size: int
-) -> None:
+def _set_parallel_rank(monkeypatch: pytest.MonkeyPatch, *, rank: int, world_size: int) -> None:
     """Make the PLE layers see ``rank`` of an ETP=TP group of ``world_size``."""
     group = SimpleNamespace(
         rank_in_group=rank,
@@ -37,9 +34,7 @@ def _set_parallel_rank(
         monkeypatch.setattr(module, "get_tp_group", lambda: group)
     for module in (embedding_module, parameter_module):
         monkeypatch.setattr(module, "get_tensor_model_parallel_rank", lambda: rank)
-        monkeypatch.setattr(
-            module, "get_tensor_model_parallel_world_size", lambda: world_size
-        )
+        monkeypatch.setattr(module, "get_tensor_model_parallel_world_size", lambda: world_size)
     # No engram CPU offload: the table lives in ordinary (device) memory.
     no_offload = lambda: SimpleNamespace(engram_config=None)  # noqa: E731
     monkeypatch.setattr(nvidia_ngram_embedding, "get_current_vllm_config", no_offload)

@@ -17,7 +17,6 @@ from unittest.mock import MagicMock
 import pytest
 import torch
 from safetensors.torch import save_file
-
 from vllm.model_executor.model_loader import weight_utils
 from vllm.platforms import current_platform
 
@@ -34,9 +33,7 @@ def _complete_table(module) -> torch.Tensor:
 @pytest.mark.parametrize("platform", PLATFORMS)
 @pytest.mark.parametrize("name", FULL_TABLE_NAMES)
 @pytest.mark.parametrize("rank", [0, 1])
-def test_complete_table_gives_each_tp_rank_its_rows(
-    parallel_rank, ple_builders, platform, name, rank
-):
+def test_complete_table_gives_each_tp_rank_its_rows(parallel_rank, ple_builders, platform, name, rank):
     parallel_rank(rank=rank, world_size=2)
     module = ple_builders.by_platform[platform](ple_builders.config())
     table = _complete_table(module)
@@ -75,9 +72,7 @@ def test_complete_table_of_wrong_shape_is_rejected_before_copy(
 
 @pytest.mark.parametrize("platform", PLATFORMS)
 @pytest.mark.parametrize("rank", [0, 1])
-def test_numbered_shards_match_the_complete_table(
-    parallel_rank, ple_builders, platform, rank
-):
+def test_numbered_shards_match_the_complete_table(parallel_rank, ple_builders, platform, rank):
     parallel_rank(rank=rank, world_size=2)
     config = ple_builders.config()
     build = ple_builders.by_platform[platform]
@@ -85,18 +80,11 @@ def test_numbered_shards_match_the_complete_table(
     whole = build(config)
     table = _complete_table(whole)
 
-    shards = [
-        (f"ngram_embedding.shard_{index}.weight", part)
-        for index, part in enumerate(table.split(8))
-    ]
+    shards = [(f"ngram_embedding.shard_{index}.weight", part) for index, part in enumerate(table.split(8))]
     assert sharded.load_weights(shards) == {"ngram_embedding.weight"}
-    assert whole.load_weights([("ngram_embedding.shard_.weight", table)]) == {
-        "ngram_embedding.weight"
-    }
+    assert whole.load_weights([("ngram_embedding.shard_.weight", table)]) == {"ngram_embedding.weight"}
 
-    torch.testing.assert_close(
-        sharded.ngram_embedding.weight, whole.ngram_embedding.weight
-    )
+    torch.testing.assert_close(sharded.ngram_embedding.weight, whole.ngram_embedding.weight)
 
 
 def test_nvfp4_complete_table_loads_codes_and_block_scales(parallel_rank, ple_builders):
@@ -139,9 +127,7 @@ def cpu_only_instanttensor(monkeypatch):
     reader = native_open.return_value.__enter__.return_value
     reader.total_tensor_size = 0
     reader.tensors.return_value = ()
-    monkeypatch.setitem(
-        sys.modules, "instanttensor", SimpleNamespace(safe_open=native_open)
-    )
+    monkeypatch.setitem(sys.modules, "instanttensor", SimpleNamespace(safe_open=native_open))
     monkeypatch.setattr(
         weight_utils,
         "get_world_group",
@@ -160,18 +146,12 @@ def cpu_only_instanttensor(monkeypatch):
         f"{ENGRAM_PREFIX}.ngram_embedding.shard_3.weight",
     ],
 )
-def test_engram_pattern_keeps_complete_tables_on_cpu(
-    cpu_only_instanttensor, tmp_path, weight_name
-):
+def test_engram_pattern_keeps_complete_tables_on_cpu(cpu_only_instanttensor, tmp_path, weight_name):
     path = tmp_path / "ple.safetensors"
     table = torch.arange(8, dtype=torch.float32).reshape(4, 2)
     save_file({weight_name: table}, str(path))
 
-    loaded = dict(
-        weight_utils.instanttensor_weights_iterator(
-            [str(path)], False, load_engram_on_cpu=True
-        )
-    )
+    loaded = dict(weight_utils.instanttensor_weights_iterator([str(path)], False, load_engram_on_cpu=True))
 
     cpu_only_instanttensor.assert_not_called()
     assert list(loaded) == [weight_name]

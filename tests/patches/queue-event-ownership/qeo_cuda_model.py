@@ -116,13 +116,14 @@ class FakeCopyEngine:
     def build_params(self, src: Any, dst: Any, stream: FakeStream, **kw: Any) -> Any:
         return stream
 
-    def copy_blocks(
-        self, src_blocks: list[int], dst_blocks: list[int], params: FakeStream
-    ) -> None:
+    def copy_blocks(self, src_blocks: list[int], dst_blocks: list[int], params: FakeStream) -> None:
         stream = params
         label = f"copy:{stream.name}:{src_blocks[0]}"
         rec = CopyRecord(
-            label, list(src_blocks), list(dst_blocks), stream.name,
+            label,
+            list(src_blocks),
+            list(dst_blocks),
+            stream.name,
             list(stream.pending_waits),
         )
         stream.pending_waits.clear()

@@ -17,7 +17,6 @@ import threading
 
 import pytest
 import torch
-
 import vllm.v1.simple_kv_offload.copy_backend as copy_backend
 from qeo_cuda_model import FakeCopyEngine, FakeEvent, FakeStream, Gate, OrderingLog
 from vllm.v1.simple_kv_offload.copy_backend import DmaCopyBackend

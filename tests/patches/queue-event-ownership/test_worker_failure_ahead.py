@@ -26,7 +26,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-
 from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
 from vllm.v1.executor.multiproc_executor import MultiprocExecutor, WorkerProc
 from vllm.v1.outputs import AsyncModelRunnerOutput
@@ -94,18 +93,12 @@ class Pipeline:
         executor.response_mqs = [reader]
         executor.kv_output_aggregator = None
         executor.ec_output_aggregator = None
-        executor.vllm_config = SimpleNamespace(
-            parallel_config=SimpleNamespace(enable_fault_tolerance=False)
-        )
+        executor.vllm_config = SimpleNamespace(parallel_config=SimpleNamespace(enable_fault_tolerance=False))
         self.executor = executor
         self.mqs = (writer, reader)
 
-        threading.Thread(
-            target=proc.async_output_busy_loop, daemon=True, name="test-output"
-        ).start()
-        self.rpc_thread = threading.Thread(
-            target=self._serve, daemon=True, name="test-worker"
-        )
+        threading.Thread(target=proc.async_output_busy_loop, daemon=True, name="test-output").start()
+        self.rpc_thread = threading.Thread(target=self._serve, daemon=True, name="test-worker")
         self.rpc_thread.start()
 
     def _serve(self) -> None:

@@ -1,0 +1,175 @@
+"""apply-patches: one status per patch, strict acceptance, nothing half-applied."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import git
+import pytest
+
+from tests.tool.conftest import replace_line, write_upstream
+from vllm_overlay import apply, cli
+
+
+def change_line_20(tree: Path) -> None:
+    replace_line(tree / "vllm" / "core.py", "line_20 = 20\n", "line_20 = 200\n")
+
+
+def run_apply(project: Path, upstream: Path, *extra: str) -> tuple[int, dict]:
+    report = project / "report.json"
+    code = cli.main(
+        ["apply-patches", "--project", str(project), "--upstream", str(upstream), "--json", str(report), *extra]
+    )
+    return code, json.loads(report.read_text())
+
+
+def statuses(report: dict) -> list[str]:
+    return [p["status"] for p in report["patches"]]
+
+
+def variant(tmp_path: Path, name: str, edit) -> Path:
+    tree = write_upstream(tmp_path / name)
+    edit(tree)
+    return tree
+
+
+def test_clean_apply_builds_one_commit_per_patch(project, make_patch, upstream_dir, store_env):
+    make_patch(upstream_dir, change_line_20, "core: change line 20")
+    make_patch(upstream_dir, lambda t: replace_line(t / "vllm" / "core.py", "line_5 = 5\n", "line_5 = 50\n"), "b")
+    code, report = run_apply(project, upstream_dir)
+    assert code == 0
+    assert statuses(report) == ["clean", "clean"]
+    repo = git.Repo(project / "build" / "patched")
+    subjects = [c.summary for c in repo.iter_commits()]
+    assert subjects[:2] == ["b", "core: change line 20"]
+    assert len(subjects) == 3  # upstream + two patches
+    assert "line_20 = 200" in (project / "build" / "patched" / "vllm" / "core.py").read_text()
+    assert any(t.name.startswith("upstream/") for t in repo.tags)
+
+
+def test_same_series_gives_same_commit_ids(project, make_patch, upstream_dir, store_env, tmp_path):
+    make_patch(upstream_dir, change_line_20, "core: change line 20")
+    run_apply(project, upstream_dir)
+    first = git.Repo(project / "build" / "patched").head.commit.hexsha
+    run_apply(project, upstream_dir)
+    assert git.Repo(project / "build" / "patched").head.commit.hexsha == first
+
+
+def test_offset_is_refused_unless_allowed(project, make_patch, upstream_dir, store_env, tmp_path):
+    make_patch(upstream_dir, change_line_20, "core: change line 20")
+    shifted = variant(
+        tmp_path,
+        "shifted",
+        lambda t: (t / "vllm" / "core.py").write_text(
+            "extra_1 = 1\nextra_2 = 2\n" + (t / "vllm" / "core.py").read_text()
+        ),
+    )
+    code, report = run_apply(project, shifted)
+    assert code == 1 and statuses(report) == ["offset"]
+    assert report["patches"][0]["hunks"][0]["note"] == "offset +2"
+    assert not (project / "build" / "patched").exists()
+    code, report = run_apply(project, shifted, "--allow-offset")
+    assert code == 0 and statuses(report) == ["offset"]
+
+
+def test_merged_3way_when_context_changed(project, make_patch, upstream_dir, store_env, tmp_path):
+    make_patch(upstream_dir, change_line_20, "core: change line 20")
+    run_apply(project, upstream_dir)  # imports the patch's own base, so its blobs are known
+    drifted = variant(tmp_path, "drifted", lambda t: replace_line(t / "vllm" / "core.py", "line_17 = 17\n", "x = 17\n"))
+    code, report = run_apply(project, drifted)
+    assert code == 1 and statuses(report) == ["merged-3way"]
+    code, report = run_apply(project, drifted, "--3way")
+    assert code == 0 and statuses(report) == ["merged-3way"]
+    text = (project / "build" / "patched" / "vllm" / "core.py").read_text()
+    assert "x = 17\n" in text and "line_20 = 200\n" in text
+
+
+def test_fuzz_when_no_3way_base_is_known(project, make_patch, tmp_path, store_env):
+    # The patch is made on a tree that is never imported, so no 3-way merge can be built.
+    private = write_upstream(tmp_path / "private")
+    make_patch(private, change_line_20, "core: change line 20")
+    drifted = variant(tmp_path, "drifted", lambda t: replace_line(t / "vllm" / "core.py", "line_17 = 17\n", "x = 17\n"))
+    code, report = run_apply(project, drifted, "--3way")
+    assert code == 1 and statuses(report) == ["fuzz"]
+    assert "context reduced" in report["patches"][0]["hunks"][0]["note"]
+    code, report = run_apply(project, drifted, "--allow-fuzz")
+    assert code == 0
+
+
+def test_conflict_names_the_hunk(project, make_patch, upstream_dir, store_env, tmp_path):
+    make_patch(upstream_dir, change_line_20, "core: change line 20")
+    run_apply(project, upstream_dir)
+    clash = variant(
+        tmp_path, "clash", lambda t: replace_line(t / "vllm" / "core.py", "line_20 = 20\n", "line_20 = 21\n")
+    )
+    code, report = run_apply(project, clash, "--3way", "--allow-fuzz", "--allow-offset")
+    assert code == 1 and statuses(report) == ["conflict"]
+    hunk = report["patches"][0]["hunks"][0]
+    assert hunk["file"] == "vllm/core.py" and hunk["hunk"] == 1 and hunk["note"] == "does not apply"
+
+
+def test_already_upstream(project, make_patch, upstream_dir, store_env, tmp_path):
+    make_patch(upstream_dir, change_line_20, "core: change line 20")
+    merged = variant(tmp_path, "merged", change_line_20)
+    code, report = run_apply(project, merged)
+    assert code == 1 and statuses(report) == ["already-upstream"]
+
+
+def test_target_missing(project, make_patch, upstream_dir, store_env, tmp_path):
+    make_patch(upstream_dir, change_line_20, "core: change line 20")
+    gone = variant(tmp_path, "gone", lambda t: (t / "vllm" / "core.py").unlink())
+    code, report = run_apply(project, gone)
+    assert code == 1 and statuses(report) == ["target-missing"]
+    assert report["patches"][0]["hunks"][0]["file"] == "vllm/core.py"
+
+
+def test_failed_run_leaves_previous_output_untouched(project, make_patch, upstream_dir, store_env, tmp_path):
+    make_patch(upstream_dir, change_line_20, "core: change line 20")
+    assert run_apply(project, upstream_dir)[0] == 0
+    output = project / "build" / "patched"
+    before = git.Repo(output).head.commit.hexsha
+    clash = variant(
+        tmp_path, "clash", lambda t: replace_line(t / "vllm" / "core.py", "line_20 = 20\n", "line_20 = 21\n")
+    )
+    assert run_apply(project, clash)[0] == 1
+    assert git.Repo(output).head.commit.hexsha == before
+    assert "line_20 = 200" in (output / "vllm" / "core.py").read_text()
+    assert not list(output.parent.glob(".patched.staging-*"))
+
+
+def test_rerun_after_interrupted_run_starts_clean(project, make_patch, upstream_dir, store_env):
+    make_patch(upstream_dir, change_line_20, "core: change line 20")
+    stale = project / "build" / ".patched.staging-99999"
+    stale.mkdir(parents=True)
+    (stale / "half-written").write_text("x")
+    assert run_apply(project, upstream_dir)[0] == 0
+    assert not stale.exists()
+
+
+def test_unsafe_path_is_refused_before_anything_applies(project, make_patch, upstream_dir, store_env):
+    path = make_patch(upstream_dir, change_line_20, "core: change line 20")
+    path.write_text(
+        path.read_text().replace("a/vllm/core.py", "a/../outside.py").replace("b/vllm/core.py", "b/../outside.py")
+    )
+    code = cli.main(["apply-patches", "--project", str(project), "--upstream", str(upstream_dir)])
+    assert code == 2
+    assert not (project / "build" / "patched").exists()
+
+
+def test_accepts_matrix():
+    strict = apply.Options()
+    assert strict.accepts(apply.Status.CLEAN)
+    refused = [s for s in apply.Status if s is not apply.Status.CLEAN]
+    assert not any(strict.accepts(s) for s in refused)
+    wide = apply.Options(allow_offset=True, allow_fuzz=True, three_way=True)
+    assert not wide.accepts(apply.Status.CONFLICT)
+    assert not wide.accepts(apply.Status.ALREADY_UPSTREAM)
+    assert not wide.accepts(apply.Status.TARGET_MISSING)
+
+
+@pytest.fixture(autouse=True)
+def _cleanup_build(project):
+    yield
+    shutil.rmtree(project / "build", ignore_errors=True)

@@ -1,0 +1,88 @@
+"""export-patches: byte-stable round trip, --check, new and dropped commits."""
+
+from __future__ import annotations
+
+import git
+
+from tests.tool.conftest import IDENTITY, replace_line
+from tests.tool.test_apply import change_line_20, run_apply
+from vllm_overlay import cli
+
+
+def snapshot(patches_dir):
+    return {
+        p.relative_to(patches_dir).as_posix(): p.read_bytes() for p in sorted(patches_dir.rglob("*")) if p.is_file()
+    }
+
+
+def test_unchanged_series_exports_identical_bytes(project, make_patch, upstream_dir, store_env):
+    make_patch(upstream_dir, change_line_20, "core: change line 20")
+    make_patch(upstream_dir, lambda t: replace_line(t / "vllm" / "core.py", "line_5 = 5\n", "line_5 = 50\n"), "b")
+    assert run_apply(project, upstream_dir)[0] == 0
+    # First export normalises the hand-made series file; from then on export is a fixed point.
+    assert cli.main(["export-patches", "--project", str(project)]) == 0
+    before = snapshot(project / "patches")
+    assert run_apply(project, upstream_dir)[0] == 0
+    assert cli.main(["export-patches", "--project", str(project)]) == 0
+    assert snapshot(project / "patches") == before
+    assert cli.main(["export-patches", "--project", str(project), "--check"]) == 0
+
+
+def test_patch_file_is_what_format_patch_gave(project, make_patch, upstream_dir, store_env):
+    path = make_patch(upstream_dir, change_line_20, "core: change line 20")
+    original = path.read_bytes()
+    assert run_apply(project, upstream_dir)[0] == 0
+    cli.main(["export-patches", "--project", str(project)])
+    assert path.read_bytes() == original
+    assert b"Patch-File" not in original
+
+
+def test_check_reports_amended_commit(project, make_patch, upstream_dir, store_env, capsys):
+    make_patch(upstream_dir, change_line_20, "core: change line 20")
+    assert run_apply(project, upstream_dir)[0] == 0
+    cli.main(["export-patches", "--project", str(project)])
+    repo = git.Repo(project / "build" / "patched")
+    replace_line(project / "build" / "patched" / "vllm" / "core.py", "line_20 = 200\n", "line_20 = 2000\n")
+    with repo.git.custom_environment(**IDENTITY):
+        repo.git.commit("-aq", "--amend", "--no-edit")
+    capsys.readouterr()
+    assert cli.main(["export-patches", "--project", str(project), "--check"]) == 1
+    out = capsys.readouterr().out
+    assert "++line_20 = 2000" in out
+    assert cli.main(["export-patches", "--project", str(project)]) == 0
+    assert cli.main(["export-patches", "--project", str(project), "--check"]) == 0
+
+
+def test_new_commit_gets_a_file_and_dropped_one_is_removed(project, make_patch, upstream_dir, store_env):
+    first = make_patch(upstream_dir, change_line_20, "core: change line 20")
+    assert run_apply(project, upstream_dir)[0] == 0
+    tree = project / "build" / "patched"
+    repo = git.Repo(tree)
+    replace_line(tree / "vllm" / "core.py", "line_30 = 30\n", "line_30 = 300\n")
+    message = "core: change line 30\n\nWhy.\n\nSeries: other\n"
+    with repo.git.custom_environment(**IDENTITY):
+        repo.git.commit("-aqm", message)
+    assert cli.main(["export-patches", "--project", str(project)]) == 0
+    assert (project / "patches" / "other" / "core-change-line-30.patch").exists()
+    series = (project / "patches" / "series").read_text()
+    assert series.index("demo/core-change-line-20.patch") < series.index("other/core-change-line-30.patch")
+    # drop the first patch: rebase it away
+    base = repo.git.config("--get", "vllm-overlay.upstream")
+    with repo.git.custom_environment(**IDENTITY):
+        repo.git.rebase("--quiet", "--onto", base, "HEAD~1")
+    assert cli.main(["export-patches", "--project", str(project)]) == 0
+    assert not first.exists()
+    assert "core-change-line-20" not in (project / "patches" / "series").read_text()
+
+
+def test_commit_without_series_trailer_is_an_error(project, make_patch, upstream_dir, store_env):
+    make_patch(upstream_dir, change_line_20, "core: change line 20")
+    assert run_apply(project, upstream_dir)[0] == 0
+    tree = project / "build" / "patched"
+    repo = git.Repo(tree)
+    replace_line(tree / "vllm" / "core.py", "line_30 = 30\n", "line_30 = 300\n")
+    with repo.git.custom_environment(**IDENTITY):
+        repo.git.commit("-aqm", "no trailer")
+    before = snapshot(project / "patches")
+    assert cli.main(["export-patches", "--project", str(project)]) == 2
+    assert snapshot(project / "patches") == before

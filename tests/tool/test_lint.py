@@ -1,0 +1,64 @@
+"""lint-patches: every rule reports, and a good series is clean."""
+
+from __future__ import annotations
+
+import os
+
+from tests.tool.test_apply import change_line_20
+from vllm_overlay import lint
+
+
+def problems(project):
+    return lint.lint(project, project / "patches")
+
+
+def test_good_series_is_clean(project, make_patch, upstream_dir):
+    make_patch(upstream_dir, change_line_20, "core: change line 20")
+    assert problems(project) == []
+
+
+def test_missing_headers_and_test_files(project, make_patch, upstream_dir):
+    path = make_patch(upstream_dir, change_line_20, "core: change line 20")
+    text = path.read_text().replace("Forwarded: no\n", "").replace("Targets: vllm.core:value\n", "")
+    path.write_text(text)
+    (project / "tests" / "patches" / "demo" / "test_demo.py").unlink()
+    found = "\n".join(problems(project))
+    assert "missing header 'Targets:'" in found
+    assert "needs one of the headers Bug:, Forwarded:" in found
+    assert "Tests names tests/patches/demo/test_demo.py, which does not exist" in found
+
+
+def test_series_listing_rules(project, make_patch, upstream_dir):
+    path = make_patch(upstream_dir, change_line_20, "core: change line 20")
+    series = project / "patches" / "series"
+    series.write_text(series.read_text() * 2)
+    (project / "patches" / "demo" / "stray.patch").write_text(path.read_text())
+    found = "\n".join(problems(project))
+    assert "listed 2 times in series" in found
+    assert "stray.patch: not listed in series" in found
+
+
+def test_unsafe_paths(project, make_patch, upstream_dir):
+    path = make_patch(upstream_dir, change_line_20, "core: change line 20")
+    text = path.read_text()
+    path.write_text(text.replace("a/vllm/core.py", "a/../evil.py").replace("b/vllm/core.py", "b/../evil.py"))
+    assert any("'..' component" in p for p in problems(project))
+    path.write_text(text.replace(" a/vllm/core.py", " /etc/passwd").replace("--- a/vllm/core.py", "--- /etc/passwd"))
+    assert any("absolute path" in p for p in problems(project))
+
+
+def test_symlink_leaving_the_tree(project, make_patch, upstream_dir, tmp_path):
+    make_patch(upstream_dir, change_line_20, "core: change line 20")
+    tree = tmp_path / "linked"
+    (tree).mkdir()
+    os.symlink(tmp_path, tree / "vllm")
+    found = lint.lint(project, project / "patches", tree)
+    assert any("outside the tree through a symlink" in p for p in found)
+
+
+def test_symlink_and_binary_patches(project, make_patch, upstream_dir):
+    def add_link(tree):
+        os.symlink("/etc/passwd", tree / "vllm" / "link")
+
+    make_patch(upstream_dir, add_link, "add a link")
+    assert any("creates or changes a symlink" in p for p in problems(project))

@@ -1,0 +1,46 @@
+"""Series file and patch parsing."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.tool.test_apply import change_line_20
+from vllm_overlay import series
+
+
+def test_parses_headers_and_diff(project, make_patch, upstream_dir):
+    make_patch(upstream_dir, change_line_20, "core: change line 20")
+    (patch,) = series.load_series(project / "patches")
+    assert patch.subject == "core: change line 20"
+    assert patch.series == "demo"
+    assert patch.tests == ["tests/patches/demo/test_demo.py"]
+    assert patch.targets == ["vllm.core:value"]
+    assert patch.touched_files == ["vllm/core.py"]
+
+
+def test_series_file_syntax(tmp_path):
+    (tmp_path / "series").write_text("# comment\n\na/one.patch -p1\nb/two.patch # trailing\n")
+    assert [e.path for e in series.read_series(tmp_path)] == ["a/one.patch", "b/two.patch"]
+    (tmp_path / "series").write_text("a/one.patch -p0\n")
+    with pytest.raises(series.SeriesError, match="expected 'PATCH"):
+        series.read_series(tmp_path)
+
+
+def test_listed_but_missing_file(tmp_path):
+    (tmp_path / "series").write_text("a/missing.patch\n")
+    with pytest.raises(series.SeriesError, match="does not exist"):
+        series.load_series(tmp_path)
+
+
+def test_render_series_groups_by_series():
+    text = series.render_series(["a/1.patch", "a/2.patch", "b/1.patch"])
+    assert text.splitlines()[1:] == ["", "# a", "a/1.patch", "a/2.patch", "", "# b", "b/1.patch"]
+
+
+def test_select(project, make_patch, upstream_dir):
+    make_patch(upstream_dir, change_line_20, "core: change line 20")
+    patches = series.load_series(project / "patches")
+    assert series.select(patches, "demo") == patches
+    assert series.select(patches, "core-change-line-20") == patches
+    with pytest.raises(series.SeriesError):
+        series.select(patches, "nope")

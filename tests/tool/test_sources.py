@@ -1,0 +1,136 @@
+"""Upstream sources: verified downloads, safe unpacking, every kind of --upstream."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import io
+import tarfile
+import threading
+from pathlib import Path
+
+import git
+import pytest
+
+from tests.tool.conftest import REPO_ROOT, write_upstream
+from vllm_overlay import lock, sources
+from vllm_overlay.store import Store
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    body = b""
+    claimed_length = 0
+
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", str(self.claimed_length or len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def http_server():
+    server = http.server.HTTPServer(("127.0.0.1", 0), _Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+
+
+def serve(server, body: bytes, claimed: int = 0) -> str:
+    _Handler.body, _Handler.claimed_length = body, claimed
+    return f"http://127.0.0.1:{server.server_port}/file.tar.gz"
+
+
+def test_download_verifies_sha256(http_server, tmp_path):
+    body = b"payload" * 1000
+    url = serve(http_server, body)
+    dest = tmp_path / "a.tar.gz"
+    sources.download(url, dest, hashlib.sha256(body).hexdigest())
+    assert dest.read_bytes() == body
+
+
+def test_hash_mismatch_leaves_nothing(http_server, tmp_path):
+    url = serve(http_server, b"tampered")
+    dest = tmp_path / "a.tar.gz"
+    with pytest.raises(sources.SourceError, match="sha256 mismatch"):
+        sources.download(url, dest, "0" * 64)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_truncated_download_is_an_error(http_server, tmp_path):
+    body = b"x" * 100
+    url = serve(http_server, body, claimed=1000)
+    with pytest.raises(sources.SourceError):
+        sources.download(url, tmp_path / "a.tar.gz", hashlib.sha256(body).hexdigest())
+    assert list(tmp_path.iterdir()) == []
+
+
+def _tar_with(members: dict[str, bytes], path: Path) -> Path:
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_member_outside_destination_is_refused(tmp_path):
+    archive = _tar_with({"vllm-1/ok.py": b"", "../escape.py": b"bad"}, tmp_path / "evil.tar.gz")
+    dest = tmp_path / "out"
+    dest.mkdir()
+    with pytest.raises(sources.SourceError, match="refused to unpack"):
+        sources.unpack_sdist(archive, dest)
+    assert not (tmp_path / "escape.py").exists()
+
+
+def test_absolute_member_is_refused(tmp_path):
+    archive = _tar_with({"/tmp/abs-escape.py": b"bad"}, tmp_path / "evil.tar.gz")
+    dest = tmp_path / "out"
+    dest.mkdir()
+    with pytest.raises(sources.SourceError):
+        sources.unpack_sdist(archive, dest)
+
+
+def test_release_from_index_is_verified_and_cached(http_server, tmp_path, monkeypatch, store_env):
+    tree = write_upstream(tmp_path / "src" / "vllm-9.9.9")
+    archive = tmp_path / "vllm-9.9.9.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(tree, arcname="vllm-9.9.9")
+    body = archive.read_bytes()
+    url = serve(http_server, body)
+    entry = sources.IndexFile("vllm-9.9.9.tar.gz", url, hashlib.sha256(body).hexdigest(), len(body))
+    calls = []
+    monkeypatch.setattr(sources, "sdist_of", lambda project, version: calls.append(version) or entry)
+    the_lock = lock.load(REPO_ROOT / "upstream.lock")
+    upstream = sources.obtain("9.9.9", the_lock, Store())
+    assert upstream.kind == "release" and upstream.sha256 == entry.sha256
+    assert upstream.release_commit == "gdeadbeef"
+    again = sources.obtain("9.9.9", the_lock, Store())
+    assert again.commit == upstream.commit
+    assert calls == ["9.9.9"]  # the second call used the cache
+
+
+def test_directory_and_git_upstreams(tmp_path, store_env):
+    the_lock = lock.load(REPO_ROOT / "upstream.lock")
+    tree = write_upstream(tmp_path / "tree")
+    from_dir = sources.obtain(str(tree), the_lock, Store())
+    assert from_dir.kind == "directory" and from_dir.version == "9.9.9"
+    repo = git.Repo.init(tmp_path / "gitsrc")
+    write_upstream(tmp_path / "gitsrc")
+    repo.git.add("-A")
+    repo.git.execute(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"])
+    rev = repo.head.commit.hexsha
+    from_git = sources.obtain(f"{tmp_path / 'gitsrc'}@{rev}", the_lock, Store())
+    assert from_git.kind == "git" and from_git.commit == rev
+    # identical content imports to the identical tree
+    store_repo = git.Repo(Store().upstreams_git)
+    assert store_repo.commit(from_dir.commit).tree.hexsha == store_repo.commit(rev).tree.hexsha
+
+
+def test_bad_spec_is_a_clear_error():
+    with pytest.raises(sources.SourceError, match="not a version number"):
+        sources.parse_spec("no such thing")
