@@ -86,6 +86,7 @@ class PatchResult:
     hunks: list[HunkNote] = field(default_factory=list)
     detail: str = ""
     commit: str | None = None
+    warnings: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, object]:
         data = asdict(self)
@@ -103,6 +104,9 @@ class Report:
     @property
     def ok(self) -> bool:
         return self.published and all(r.accepted for r in self.results)
+
+    def result_for(self, name: str) -> PatchResult | None:
+        return next((r for r in self.results if r.name == name), None)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -272,6 +276,28 @@ def _committer_env(repo: git.Repo, patch: Patch) -> dict[str, str]:
     }
 
 
+def seed_preimages(repo: git.Repo, base_commit: str, patches: list[Patch]) -> int:
+    """Write into the object store every blob the series creates on ``base_commit``.
+
+    A 3-way merge needs the exact blob a patch was made against (its ``index`` line). For the
+    first patch touching a file that is the upstream blob, but for later ones it is the file as
+    an earlier patch left it, which no upstream contains. Replaying the series with
+    ``git apply --cached`` on a private index recreates those blobs without touching any tree.
+    Returns how many patches replayed.
+    """
+    replayed = 0
+    with tempfile.TemporaryDirectory(prefix="vllm-overlay-seed-") as tmp:
+        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        with repo.git.custom_environment(**env):
+            repo.git.read_tree(base_commit)
+            for patch in patches:
+                status, _out, _err = repo.git.apply(
+                    "--cached", str(patch.path), with_extended_output=True, with_exceptions=False
+                )
+                replayed += status == 0
+    return replayed
+
+
 def staging_dir(output: Path) -> Path:
     return output.parent / f".{output.name}.staging-{os.getpid()}"
 
@@ -298,8 +324,16 @@ def apply_series(
     output: Path,
     options: Options,
     progress: Callable[[int, int, str], None] | None = None,
+    publish_partial: bool = False,
+    seed_base: str | None = None,
 ) -> Report:
-    """Apply ``patches`` onto ``upstream`` into ``output`` (published only if all are accepted)."""
+    """Apply ``patches`` onto ``upstream`` into ``output``.
+
+    The result is published only if every patch was accepted, unless ``publish_partial`` (used
+    by the audit, which wants the accepted part for a range-diff) is set. ``seed_base`` is the
+    upstream commit the series was written for; when given, the blobs a 3-way merge needs are
+    recreated first (see ``seed_preimages``).
+    """
     output = output.resolve()
     output.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_staging(output)
@@ -308,6 +342,8 @@ def apply_series(
     try:
         repo = checkout(staging)
         repo.git.config(CONFIG_UPSTREAM, upstream.commit)
+        if seed_base and seed_base != upstream.commit:
+            seed_preimages(repo, seed_base, patches)
         tree_root = Path(repo.working_tree_dir or staging)
         for index, patch in enumerate(patches, start=1):
             if progress:
@@ -320,7 +356,7 @@ def apply_series(
             if result.accepted:
                 result.commit = commit_patch(repo, patch, result.status)
             results.append(result)
-        published = all(r.accepted for r in results)
+        published = publish_partial or all(r.accepted for r in results)
         if published:
             publish(staging, output)
         return Report(upstream=upstream, output=str(output), results=results, published=published)

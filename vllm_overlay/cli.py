@@ -12,6 +12,9 @@ VERBS: dict[str, tuple[str, str]] = {
     "apply-patches": ("apply_patches", "apply the series onto a fresh upstream tree"),
     "export-patches": ("export_patches", "export the patched repository back to patches/"),
     "lint-patches": ("lint_patches", "check patches/ without applying anything"),
+    "bump": ("bump_upstream", "move the series to a new upstream release and re-lock"),
+    "audit-upstream": ("audit_upstream", "keep/refresh/drop/resolve audit of the series against another upstream"),
+    "test-patches": ("test_patches", "prove every patch red -> green and guard vLLM's own tests"),
     "with-patched-vllm": ("with_patched", "run a command with a patched tree laid over the installed vllm"),
 }
 

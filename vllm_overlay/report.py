@@ -24,6 +24,7 @@ def apply_table(report: Report) -> str:
         if result.detail and result.status.value != "clean":
             lines.append(f"      {result.detail}")
         lines.extend(f"      {note}" for note in result.hunks)
+        lines.extend(f"      warning: {warning}" for warning in result.warnings)
     accepted = sum(r.accepted for r in report.results)
     if report.published:
         lines.append(f"{accepted}/{len(report.results)} patches applied; patched tree: {report.output}")

@@ -8,6 +8,7 @@ outside the extraction directory, and nothing is published to the cache until it
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 import os
@@ -75,13 +76,7 @@ def index_url() -> str:
 
 def release_files(project: str, version: str) -> list[IndexFile]:
     """Files the package index publishes for one release, with the sha256 the index states."""
-    url = f"{index_url()}/{project}/"
-    request = urllib.request.Request(url, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            data = json.load(response)
-    except (urllib.error.URLError, TimeoutError, json.JSONDecodeError) as exc:
-        raise SourceError(f"cannot read the package index at {url}: {exc}") from exc
+    data = _index_json(project)
     prefix_sdist = f"{project}-{version}.tar.gz"
     prefix_wheel = f"{project}-{version}-"
     files = [
@@ -92,6 +87,30 @@ def release_files(project: str, version: str) -> list[IndexFile]:
     if not files:
         raise SourceError(f"the package index lists no files for {project} {version}")
     return files
+
+
+def _index_json(project: str) -> dict:
+    url = f"{index_url()}/{project}/"
+    request = urllib.request.Request(url, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return json.load(response)
+    except (urllib.error.URLError, TimeoutError, json.JSONDecodeError) as exc:
+        raise SourceError(f"cannot read the package index at {url}: {exc}") from exc
+
+
+def release_dates(project: str) -> dict[str, dt.date]:
+    """First upload date of every release the index lists (for "N releases old" warnings)."""
+    dates: dict[str, dt.date] = {}
+    for entry in _index_json(project).get("files", []):
+        uploaded = entry.get("upload-time")
+        match = re.match(rf"{re.escape(project)}-([^-]+?)(?:\.tar\.gz|-)", entry["filename"])
+        if not uploaded or not match:
+            continue
+        day = dt.date.fromisoformat(uploaded[:10])
+        version = match.group(1)
+        dates[version] = min(day, dates.get(version, day))
+    return dates
 
 
 def sdist_of(project: str, version: str) -> IndexFile:

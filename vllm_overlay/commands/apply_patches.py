@@ -14,7 +14,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vllm_overlay import apply, lock, output, project, report, series, sources
+from vllm_overlay import apply, lock, output, project, rebase, report, series, sources
+from vllm_overlay.audit import DRIFTING
 from vllm_overlay.store import Store
 
 
@@ -42,6 +43,8 @@ def run(args: argparse.Namespace) -> int:
         patches = series.select(series.load_series(proj.patches), args.only)
         store = Store()
         upstream = sources.obtain(args.upstream, the_lock, store)
+        # The series is written against the lock; its blobs make 3-way merges possible elsewhere.
+        locked = upstream if upstream.kind == "locked" else sources.obtain(None, the_lock, store)
     except (lock.LockError, series.SeriesError, sources.SourceError) as exc:
         output.error(str(exc))
         return 2
@@ -56,11 +59,30 @@ def run(args: argparse.Namespace) -> int:
             target,
             options,
             progress=lambda i, n, name: output.info(f"[{i}/{n}] {name}"),
+            seed_base=locked.commit,
         )
     except apply.ApplyError as exc:
         output.error(str(exc))
         return 2
+    if upstream.kind != "locked":
+        note_target_drift(result, patches, store, locked, upstream)
     output.result(report.apply_table(result))
     if args.json:
         report.write_json(result.to_json(), args.json)
     return 0 if result.ok else 1
+
+
+def note_target_drift(
+    result: apply.Report,
+    patches: list[series.Patch],
+    store: Store,
+    locked: sources.Upstream,
+    upstream: sources.Upstream,
+) -> None:
+    """Warn, for each patch that applied, about Targets whose AST differs from the locked upstream."""
+    drift = rebase.drift_by_patch(store, locked, upstream, patches)
+    for patch_result in result.results:
+        changed = [d for d in drift.get(patch_result.name, []) if d.drift in DRIFTING]
+        if patch_result.accepted or patch_result.status in (apply.Status.OFFSET, apply.Status.FUZZ):
+            for item in changed:
+                patch_result.warnings.append(f"applied {patch_result.status}, target changed: {item}")

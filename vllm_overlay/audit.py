@@ -1,0 +1,156 @@
+"""The keep / refresh / drop / resolve audit of a series against a new upstream.
+
+One row per patch: what applying it to the new upstream did, whether the symbols it changes
+drifted (AST comparison against the locked upstream), what its DEP-3 headers say about its
+upstream fate, and how old it is in upstream releases.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+
+import git
+
+from vllm_overlay import targets
+from vllm_overlay.apply import PatchResult, Status
+from vllm_overlay.series import Patch
+
+
+class Decision(enum.StrEnum):
+    KEEP = "keep"
+    REFRESH = "refresh"
+    DROP = "drop"
+    RESOLVE = "resolve"
+
+
+DRIFTING = {targets.Drift.CHANGED, targets.Drift.REMOVED, targets.Drift.APPEARED, targets.Drift.UNPARSABLE}
+
+
+@dataclass
+class AuditRow:
+    patch: str
+    series: str
+    status: str
+    decision: Decision
+    reason: str
+    forwarded: str
+    applied_upstream: str
+    last_update: str
+    releases_since_update: int | None
+    drift: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, object]:
+        data = asdict(self)
+        data["decision"] = str(self.decision)
+        return data
+
+
+def store_reader(repo: git.Repo, commit: str) -> targets.FileReader:
+    """Read files of an upstream commit straight from the store repository."""
+
+    def read(path: str) -> str | None:
+        try:
+            return repo.git.show(f"{commit}:{path}")
+        except git.GitCommandError:
+            return None
+
+    return read
+
+
+def releases_since(last_update: str, release_dates: Mapping[str, dt.date], up_to: str | None) -> int | None:
+    """Upstream releases published after ``last_update`` (YYYY-MM-DD) up to release ``up_to``."""
+    try:
+        since = dt.date.fromisoformat(last_update.strip())
+    except ValueError:
+        return None
+    limit = release_dates.get(up_to) if up_to else None
+    return sum(1 for day in release_dates.values() if day > since and (limit is None or day <= limit))
+
+
+def decide(result: PatchResult, drift: list[targets.TargetDrift]) -> tuple[Decision, str]:
+    drifted = [d for d in drift if d.drift in DRIFTING]
+    if result.status is Status.ALREADY_UPSTREAM:
+        return Decision.DROP, "upstream already carries the change (the patch reverse-applies)"
+    if result.status in (Status.CONFLICT, Status.TARGET_MISSING):
+        where = "; ".join(str(h) for h in result.hunks[:3]) or result.detail
+        return Decision.RESOLVE, f"{result.status}: {where}"
+    if result.status in (Status.OFFSET, Status.FUZZ, Status.MERGED_3WAY):
+        extra = f"; target changed: {', '.join(d.target for d in drifted)}" if drifted else ""
+        return Decision.REFRESH, f"applies as {result.status}: re-export against the new upstream{extra}"
+    if drifted:
+        return Decision.REFRESH, "applied cleanly, target changed: " + "; ".join(str(d) for d in drifted)
+    return Decision.KEEP, "applies cleanly; its targets are unchanged"
+
+
+def audit_row(
+    patch: Patch,
+    result: PatchResult,
+    drift: list[targets.TargetDrift],
+    release_dates: Mapping[str, dt.date],
+    new_version: str | None,
+    max_age_releases: int,
+) -> AuditRow:
+    decision, reason = decide(result, drift)
+    last_update = patch.value("Last-Update") or ""
+    age = releases_since(last_update, release_dates, new_version) if release_dates else None
+    warnings: list[str] = []
+    applied = patch.value("Applied-Upstream") or ""
+    if applied and result.status is not Status.ALREADY_UPSTREAM:
+        warnings.append(f"Applied-Upstream says {applied!r}, but this upstream does not carry the change")
+    if age is not None and age > max_age_releases:
+        warnings.append(f"Last-Update {last_update} is {age} upstream releases old (limit {max_age_releases})")
+    warnings.extend(f"target changed: {d}" for d in drift if d.drift in DRIFTING and result.accepted)
+    return AuditRow(
+        patch=patch.name,
+        series=patch.series,
+        status=str(result.status),
+        decision=decision,
+        reason=reason,
+        forwarded=patch.value("Forwarded") or patch.value("Bug") or "",
+        applied_upstream=applied,
+        last_update=last_update,
+        releases_since_update=age,
+        drift=[str(d) for d in drift],
+        warnings=warnings,
+    )
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def markdown(rows: list[AuditRow], old: str, new: str) -> str:
+    lines = [
+        f"# Series audit: {old} -> {new}",
+        "",
+        "| patch | status | decision | reason | Forwarded | Applied-Upstream | Last-Update (releases since) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        age = "" if row.releases_since_update is None else f" ({row.releases_since_update})"
+        lines.append(
+            "| "
+            + " | ".join(
+                _cell(c)
+                for c in (
+                    row.patch,
+                    row.status,
+                    f"**{row.decision}**",
+                    row.reason,
+                    row.forwarded,
+                    row.applied_upstream or "-",
+                    row.last_update + age,
+                )
+            )
+            + " |"
+        )
+    warnings = [(row.patch, w) for row in rows for w in row.warnings]
+    if warnings:
+        lines += ["", "Warnings:", ""] + [f"- {name}: {_cell(w)}" for name, w in warnings]
+    counts = {d: sum(r.decision is d for r in rows) for d in Decision}
+    lines += ["", "Totals: " + ", ".join(f"{d} {n}" for d, n in counts.items())]
+    return "\n".join(lines) + "\n"

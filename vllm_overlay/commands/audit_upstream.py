@@ -1,0 +1,83 @@
+"""Audit the series against another upstream release: keep / refresh / drop / resolve.
+
+Applies the series to the locked upstream and to the new one (3-way merges, offsets and fuzz
+allowed, so every patch gets its most useful status), compares each patch's Targets symbols
+between the two upstreams by AST, and writes one row per patch:
+
+    keep      applies cleanly and nothing it targets changed
+    refresh   applies, but only with offset/fuzz/3-way, or a target symbol changed: review it
+    drop      upstream already carries the change (the patch reverse-applies)
+    resolve   conflict or missing target file: needs a person
+
+plus what the DEP-3 Forwarded / Applied-Upstream headers say, and a warning for a patch whose
+Last-Update is older than --max-age-releases upstream releases. Also writes the git range-diff
+of the series between the two upstreams.
+
+Exit codes: 0 every row is keep; 1 some patch needs refresh, drop or resolve; 2 usage/input error.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from vllm_overlay import lock, output, project, rebase, report, series, sources
+from vllm_overlay.audit import Decision, markdown
+from vllm_overlay.store import Store
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    project.add_project_argument(parser)
+    parser.add_argument("--upstream", required=True, metavar="VERSION|DIR|REPO@REV", help="the new upstream")
+    parser.add_argument(
+        "--from", dest="old", default=None, metavar="VERSION|DIR|REPO@REV", help="the old upstream (default: the lock)"
+    )
+    parser.add_argument(
+        "--max-age-releases", type=int, default=3, help="warn when Last-Update is older than this many releases"
+    )
+    parser.add_argument("--markdown", type=Path, default=None, help="write the audit table (markdown) here")
+    parser.add_argument("--json", type=Path, default=None, help="write the audit (JSON) here")
+    parser.add_argument("--range-diff", type=Path, default=None, help="write the git range-diff here")
+    parser.add_argument("--offline", action="store_true", help="do not ask the index for release dates")
+
+
+def run(args: argparse.Namespace) -> int:
+    proj = project.from_args(args)
+    try:
+        the_lock = lock.load(proj.lock_file)
+        patches = series.load_series(proj.patches)
+        dates = {} if args.offline else sources.release_dates(the_lock.project)
+        result = rebase.run_audit(
+            patches,
+            the_lock,
+            Store(),
+            args.upstream,
+            args.max_age_releases,
+            dates,
+            progress=lambda i, n, name: output.info(f"[{i}/{n}] {name}"),
+            old_spec=args.old,
+        )
+    except (lock.LockError, series.SeriesError, sources.SourceError) as exc:
+        output.error(str(exc))
+        return 2
+    table = markdown(result.rows, result.old.label, result.new.label)
+    output.result(table)
+    if args.markdown:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(table, encoding="utf-8")
+    if args.json:
+        report.write_json(
+            {
+                "old": result.old.to_json(),
+                "new": result.new.to_json(),
+                "rows": [row.to_json() for row in result.rows],
+            },
+            args.json,
+        )
+    if args.range_diff:
+        args.range_diff.parent.mkdir(parents=True, exist_ok=True)
+        args.range_diff.write_text(result.range_diff, encoding="utf-8")
+    else:
+        output.info("range-diff (old series vs the series on the new upstream):")
+        output.result(result.range_diff)
+    return 0 if all(row.decision is Decision.KEEP for row in result.rows) else 1

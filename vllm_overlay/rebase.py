@@ -1,0 +1,86 @@
+"""Moving the series to another upstream: target drift, the audit run, and the range-diff."""
+
+from __future__ import annotations
+
+import datetime as dt
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import git
+
+from vllm_overlay import apply, audit, sources, targets
+from vllm_overlay.lock import Lock
+from vllm_overlay.series import Patch
+from vllm_overlay.store import Store
+
+Progress = Callable[[int, int, str], None]
+
+
+def drift_by_patch(store: Store, old: sources.Upstream, new: sources.Upstream, patches: list[Patch]):
+    """Each patch's Targets compared by AST between two upstream commits of the store."""
+    repo = git.Repo(store.upstreams_git)
+    read_old = audit.store_reader(repo, old.commit)
+    read_new = audit.store_reader(repo, new.commit)
+    return {patch.name: targets.compare_all(patch.targets, read_old, read_new) for patch in patches}
+
+
+def range_diff(old_repo: Path, new_repo: Path) -> str:
+    """``git range-diff`` of the series as applied on the old and on the new upstream."""
+    new = git.Repo(new_repo)
+    new.git.fetch("--quiet", "--no-tags", str(old_repo), "+HEAD:refs/vllm-overlay/old-series")
+    old_base = git.Repo(old_repo).git.config("--get", apply.CONFIG_UPSTREAM)
+    new_base = new.git.config("--get", apply.CONFIG_UPSTREAM)
+    return new.git.range_diff(
+        "--no-color", f"{old_base}..refs/vllm-overlay/old-series", f"{new_base}..HEAD", strip_newline_in_stdout=False
+    )
+
+
+@dataclass
+class AuditResult:
+    old: sources.Upstream
+    new: sources.Upstream
+    report: apply.Report
+    rows: list[audit.AuditRow]
+    range_diff: str
+
+
+def run_audit(
+    patches: list[Patch],
+    lock: Lock,
+    store: Store,
+    spec: str,
+    max_age_releases: int,
+    release_dates: dict[str, dt.date] | None,
+    progress: Progress | None = None,
+    old_spec: str | None = None,
+) -> AuditResult:
+    """Apply the series to the old upstream (default: the lock) and to the new one (3-way allowed)."""
+    old = sources.obtain(old_spec, lock, store)
+    new = sources.obtain(spec, lock, store)
+    with tempfile.TemporaryDirectory(prefix="vllm-overlay-audit-") as tmp:
+        old_dir, new_dir = Path(tmp) / "old", Path(tmp) / "new"
+        apply.apply_series(
+            patches, old, lambda d: sources.checkout(store, old, d), old_dir, apply.Options(), publish_partial=True
+        )
+        report = apply.apply_series(
+            patches,
+            new,
+            lambda d: sources.checkout(store, new, d),
+            new_dir,
+            apply.Options(allow_offset=True, allow_fuzz=True, three_way=True),
+            progress=progress,
+            publish_partial=True,
+            seed_base=old.commit,
+        )
+        drift = drift_by_patch(store, old, new, patches)
+        rows = []
+        for patch in patches:
+            result = report.result_for(patch.name)
+            assert result is not None  # apply_series reports every patch it was given
+            rows.append(
+                audit.audit_row(patch, result, drift[patch.name], release_dates or {}, new.version, max_age_releases)
+            )
+        diff = range_diff(old_dir, new_dir)
+    return AuditResult(old, new, report, rows, diff)
