@@ -21,7 +21,10 @@ def reader(text: str | None):
 
 
 def test_target_drift_is_by_ast_not_by_text():
-    moved = "\n\n# a comment\nclass Engine:\n    def step(self,   x):\n        return (x + 1)\n\n    def other(self):\n        return 1\n"
+    moved = (
+        "\n\n# a comment\nclass Engine:\n    def step(self,   x):\n        return (x + 1)\n\n"
+        "    def other(self):\n        return 1\n"
+    )
     assert targets.compare("vllm.engine:Engine.step", reader(MODULE_V1), reader(moved)).drift is targets.Drift.UNCHANGED
     assert targets.compare("vllm.engine:Engine.other", reader(MODULE_V1), reader(moved)).drift is targets.Drift.CHANGED
     assert targets.compare("vllm.engine:Engine.gone", reader(MODULE_V1), reader(moved)).drift is targets.Drift.ABSENT
