@@ -47,9 +47,16 @@ class ExportedPatch:
     content: bytes
 
 
-def slugify(subject: str) -> str:
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", subject).strip("-").lower()
-    return slug[:64].rstrip("-") or "patch"
+def slugify(subject: str, limit: int = 60) -> str:
+    """File name stem from a subject: lowercase words joined by '-', cut at a word boundary."""
+    words = re.sub(r"[^A-Za-z0-9]+", " ", subject).lower().split()
+    slug = ""
+    for word in words:
+        candidate = f"{slug}-{word}" if slug else word
+        if len(candidate) > limit and slug:
+            break
+        slug = candidate
+    return slug[:limit] or "patch"
 
 
 def _trailer(message: str, key: str) -> str | None:

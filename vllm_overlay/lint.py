@@ -45,6 +45,8 @@ def lint(repo_root: Path, patches_dir: Path, tree: Path | None = None) -> list[s
         for group in ONE_OF_FIELDS:
             if not any(key.lower() in present for key in group):
                 problems.append(f"{where}: needs one of the headers {', '.join(k + ':' for k in group)}")
+        if patch.subject.startswith("["):
+            problems.append(f"{where}: subject starts with '[...]', which git am strips; use 'component: subject'")
         series = patch.series
         directory = name.split("/", 1)[0] if "/" in name else ""
         if series and not SERIES_NAME_RE.match(series):

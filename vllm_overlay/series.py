@@ -157,7 +157,7 @@ def parse_patch_bytes(raw: bytes, path: Path, name: str) -> Patch:
     message_part = head.split("\n", 1)[1] if head.startswith("From ") else head
     mail = email.message_from_string(message_part, policy=email.policy.compat32)
     subject = re.sub(r"\s+", " ", str(mail.get("Subject", ""))).strip()
-    subject = re.sub(r"^\[PATCH[^\]]*\]\s*", "", subject)
+    subject = re.sub(r"^\[PATCH[^\]]*\]\s*", "", subject)  # what format-patch adds; git am drops it
     if not subject:
         raise SeriesError(f"{name}: no Subject header (is it a git-format-patch file?)")
     body = mail.get_payload()

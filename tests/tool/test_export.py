@@ -86,3 +86,12 @@ def test_commit_without_series_trailer_is_an_error(project, make_patch, upstream
     before = snapshot(project / "patches")
     assert cli.main(["export-patches", "--project", str(project)]) == 2
     assert snapshot(project / "patches") == before
+
+
+def test_slug_cuts_at_a_word_boundary():
+    from vllm_overlay.export import slugify
+
+    assert slugify("health: Add a progress check that fails when active work stops advancing") == (
+        "health-add-a-progress-check-that-fails-when-active-work"
+    )
+    assert slugify("!!!") == "patch"

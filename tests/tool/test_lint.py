@@ -62,3 +62,9 @@ def test_symlink_and_binary_patches(project, make_patch, upstream_dir):
 
     make_patch(upstream_dir, add_link, "add a link")
     assert any("creates or changes a symlink" in p for p in problems(project))
+
+
+def test_bracketed_subject_is_reported(project, make_patch, upstream_dir):
+    path = make_patch(upstream_dir, change_line_20, "core: change line 20")
+    path.write_text(path.read_text().replace("Subject: [PATCH] core:", "Subject: [PATCH] [Core] core:"))
+    assert any("git am strips" in p for p in problems(project))
