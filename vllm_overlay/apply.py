@@ -325,14 +325,14 @@ def apply_series(
     options: Options,
     progress: Callable[[int, int, str], None] | None = None,
     publish_partial: bool = False,
-    seed_base: str | None = None,
+    seed_base: Callable[[], str | None] | None = None,
 ) -> Report:
     """Apply ``patches`` onto ``upstream`` into ``output``.
 
     The result is published only if every patch was accepted, unless ``publish_partial`` (used
-    by the audit, which wants the accepted part for a range-diff) is set. ``seed_base`` is the
-    upstream commit the series was written for; when given, the blobs a 3-way merge needs are
-    recreated first (see ``seed_preimages``).
+    by the audit, which wants the accepted part for a range-diff) is set. ``seed_base`` returns
+    the upstream commit the series was written for; it is called only when a patch does not
+    apply cleanly, and the blobs a 3-way merge needs are then recreated (``seed_preimages``).
     """
     output = output.resolve()
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -342,8 +342,7 @@ def apply_series(
     try:
         repo = checkout(staging)
         repo.git.config(CONFIG_UPSTREAM, upstream.commit)
-        if seed_base and seed_base != upstream.commit:
-            seed_preimages(repo, seed_base, patches)
+        seeded = False
         tree_root = Path(repo.working_tree_dir or staging)
         for index, patch in enumerate(patches, start=1):
             if progress:
@@ -351,6 +350,13 @@ def apply_series(
             problems = paths.problems(patch, tree_root)
             if problems:
                 raise ApplyError(f"{patch.name}: refused: " + "; ".join(problems))
+            if not seeded and seed_base is not None and _git_check(repo, patch.path)[0] != 0:
+                seeded = True
+                base_commit = seed_base()
+                if base_commit and base_commit != upstream.commit:
+                    # The base may have been imported into the store after this clone was made.
+                    repo.git.fetch("--quiet", "origin", "+refs/tags/*:refs/tags/*")
+                    seed_preimages(repo, base_commit, patches)
             result = classify(repo, patch)
             result.accepted = options.accepts(result.status)
             if result.accepted:

@@ -72,7 +72,7 @@ def run_audit(
             apply.Options(allow_offset=True, allow_fuzz=True, three_way=True),
             progress=progress,
             publish_partial=True,
-            seed_base=old.commit,
+            seed_base=lambda: old.commit,
         )
         drift = drift_by_patch(store, old, new, patches)
         rows = []

@@ -17,10 +17,22 @@ def change_line_20(tree: Path) -> None:
     replace_line(tree / "vllm" / "core.py", "line_20 = 20\n", "line_20 = 200\n")
 
 
-def run_apply(project: Path, upstream: Path, *extra: str) -> tuple[int, dict]:
+def run_apply(project: Path, upstream: Path, *extra: str, base: Path | None = None) -> tuple[int, dict]:
+    """apply-patches onto ``upstream``; ``base`` is the tree the patches were made on (default: the same)."""
     report = project / "report.json"
     code = cli.main(
-        ["apply-patches", "--project", str(project), "--upstream", str(upstream), "--json", str(report), *extra]
+        [
+            "apply-patches",
+            "--project",
+            str(project),
+            "--upstream",
+            str(upstream),
+            "--base-upstream",
+            str(base or upstream),
+            "--json",
+            str(report),
+            *extra,
+        ]
     )
     return code, json.loads(report.read_text())
 
@@ -76,11 +88,10 @@ def test_offset_is_refused_unless_allowed(project, make_patch, upstream_dir, sto
 
 def test_merged_3way_when_context_changed(project, make_patch, upstream_dir, store_env, tmp_path):
     make_patch(upstream_dir, change_line_20, "core: change line 20")
-    run_apply(project, upstream_dir)  # imports the patch's own base, so its blobs are known
     drifted = variant(tmp_path, "drifted", lambda t: replace_line(t / "vllm" / "core.py", "line_17 = 17\n", "x = 17\n"))
-    code, report = run_apply(project, drifted)
+    code, report = run_apply(project, drifted, base=upstream_dir)
     assert code == 1 and statuses(report) == ["merged-3way"]
-    code, report = run_apply(project, drifted, "--3way")
+    code, report = run_apply(project, drifted, "--3way", base=upstream_dir)
     assert code == 0 and statuses(report) == ["merged-3way"]
     text = (project / "build" / "patched" / "vllm" / "core.py").read_text()
     assert "x = 17\n" in text and "line_20 = 200\n" in text

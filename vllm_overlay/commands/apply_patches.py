@@ -34,6 +34,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--3way", dest="three_way", action="store_true", help="accept patches that need a 3-way merge")
     parser.add_argument("--only", default=None, help="apply only this series (or this patch and nothing else)")
     parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the machine-readable report")
+    parser.add_argument(
+        "--base-upstream",
+        default=None,
+        metavar="VERSION|DIR|REPO@REV",
+        help="the upstream the series was written against (default: the lock); used for 3-way merges "
+        "and the target-drift comparison",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,8 +50,6 @@ def run(args: argparse.Namespace) -> int:
         patches = series.select(series.load_series(proj.patches), args.only)
         store = Store()
         upstream = sources.obtain(args.upstream, the_lock, store)
-        # The series is written against the lock; its blobs make 3-way merges possible elsewhere.
-        locked = upstream if upstream.kind == "locked" else sources.obtain(None, the_lock, store)
     except (lock.LockError, series.SeriesError, sources.SourceError) as exc:
         output.error(str(exc))
         return 2
@@ -59,17 +64,25 @@ def run(args: argparse.Namespace) -> int:
             target,
             options,
             progress=lambda i, n, name: output.info(f"[{i}/{n}] {name}"),
-            seed_base=locked.commit,
+            seed_base=lambda: base_upstream(args.base_upstream, the_lock, store, upstream).commit,
         )
     except apply.ApplyError as exc:
         output.error(str(exc))
         return 2
     if upstream.kind != "locked":
-        note_target_drift(result, patches, store, locked, upstream)
+        base = base_upstream(args.base_upstream, the_lock, store, upstream)
+        note_target_drift(result, patches, store, base, upstream)
     output.result(report.apply_table(result))
     if args.json:
         report.write_json(result.to_json(), args.json)
     return 0 if result.ok else 1
+
+
+def base_upstream(spec: str | None, the_lock: lock.Lock, store: Store, upstream: sources.Upstream) -> sources.Upstream:
+    """The upstream the series was written for (obtained only when needed: it may download)."""
+    if spec is None and upstream.kind == "locked":
+        return upstream
+    return sources.obtain(spec, the_lock, store)
 
 
 def note_target_drift(
