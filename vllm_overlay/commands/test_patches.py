@@ -1,0 +1,237 @@
+"""Prove every patch red -> green and guard vLLM's own tests, patch by patch.
+
+The series is applied (strictly) into build/test-patches/patched, never touching build/patched.
+For patch k of the series, with the files of the series prefix laid over the test environment's
+installed vllm (a shadow package first on PYTHONPATH; the environment itself is never modified):
+
+  red        the patch's Tests on patches 1..k-1 must FAIL: every Tests file has a failing test.
+             A file that passes is reported NOT-DETECTED ("test does not detect the defect");
+             collection errors and other pytest exit codes are reported as such.
+  green      the patch's Tests on patches 1..k must PASS.
+  upstream   the patch's Upstream-Tests (vLLM's own tests from the upstream tree's tests/, run
+             offline with a per-test timeout) after patch k, compared test id by test id with the
+             pristine tree: nothing may go from pass/skip to fail/error/timeout. The pristine
+             baseline is cached per upstream commit and test.
+
+After the last patch: every selected patch's Tests together on the full series (one process),
+then the tool tests (tests/tool).
+
+The test environment (vllm==<locked version>, pytest, pytest-timeout, tblib, hypothesis and the
+tool's dependencies) is built on first use in the cache (~3 min, ~10 GB) and reused while
+upstream.lock and the pins are unchanged; before every run the installed vllm is proven pristine
+against its wheel's RECORD (rebuilt if not). --env DIR / $VLLM_OVERLAY_ENV use another one.
+
+Exit codes: 0 every check passed; 1 a patch failed (apply, red, green or upstream tests), or the
+full-series or tool tests failed; 2 usage, input or environment error; 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from vllm_overlay import apply, envs, junit, lock, output, project, report, series, shadow, sources, testrun
+from vllm_overlay.store import Store
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    project.add_project_argument(parser)
+    parser.add_argument(
+        "--only",
+        default=None,
+        metavar="SERIES_OR_PATCH",
+        help="test only this series or patch (the patches before it are still applied as its prefix)",
+    )
+    parser.add_argument(
+        "--upstream",
+        default=None,
+        metavar="VERSION|DIR|REPO@REV",
+        help="upstream to apply the series to (default: the locked release). The environment still holds the "
+        "locked vllm, so use this for trees that match it (a local copy of the release, a rev of it)",
+    )
+    parser.add_argument(
+        "--keep-going", action="store_true", help="run every check even after one failed (default: stop)"
+    )
+    parser.add_argument(
+        "--env",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help=f"use this virtual environment instead of the cached one (also ${envs.ENV_VAR}); never modified",
+    )
+    parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the machine-readable report")
+    parser.add_argument("--junit", type=Path, default=None, metavar="FILE", help="write a JUnit XML report")
+    parser.add_argument(
+        "--jobs",
+        "-j",
+        type=int,
+        default=testrun.default_jobs(),
+        help="pytest processes at once (default: one per core, at most 4: %(default)s here)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=int,
+        default=300,
+        metavar="SECONDS",
+        help="per-test timeout (pytest-timeout; default %(default)s)",
+    )
+    parser.add_argument(
+        "--run-timeout",
+        type=int,
+        default=3600,
+        metavar="SECONDS",
+        help="limit for one pytest process (default %(default)s)",
+    )
+    parser.add_argument("--no-tool-tests", action="store_true", help="do not run tests/tool at the end")
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="scratch directory (default: build/test-patches; the patched repo is WORKDIR/patched)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.jobs < 1 or args.timeout < 1 or args.run_timeout < 1:
+        output.error("--jobs, --timeout and --run-timeout must be positive")
+        return 2
+    started = time.monotonic()
+    proj = project.from_args(args)
+    workdir = (args.workdir or proj.build / "test-patches").resolve()
+    try:
+        with testrun.workdir_lock(workdir):
+            return _run(args, proj, workdir, started)
+    except RuntimeError as exc:
+        output.error(str(exc))
+        return 2
+    except KeyboardInterrupt:
+        output.error("interrupted; the shared test environment was not modified")
+        return 130
+
+
+def _run(args: argparse.Namespace, proj: project.Project, workdir: Path, started: float) -> int:
+    store = Store()
+    try:
+        the_lock = lock.load(proj.lock_file)
+        every = series.load_series(proj.patches)
+        selected = series.select(every, args.only)
+        upstream = sources.obtain(args.upstream, the_lock, store)
+    except (lock.LockError, series.SeriesError, sources.SourceError) as exc:
+        output.error(str(exc))
+        return 2
+    if not selected:
+        output.error("patches/series lists no patches")
+        return 2
+    last = max(every.index(p) for p in selected)
+    prefix = every[: last + 1]
+    try:
+        env = envs.ensure(the_lock, store, args.env)
+        installed = shadow.installed_package_dir(env.python)
+    except (envs.EnvError, FileNotFoundError) as exc:
+        output.error(str(exc))
+        return 2
+
+    # Apply the prefix the selected patches need.
+    patched = workdir / "patched"
+    output.info(f"applying {len(prefix)} patch(es) onto upstream {upstream.label} -> {patched}")
+    try:
+        applied = apply.apply_series(
+            prefix,
+            upstream,
+            lambda dest: sources.checkout(store, upstream, dest),
+            patched,
+            apply.Options(),
+        )
+    except apply.ApplyError as exc:
+        output.error(str(exc))
+        return 2
+    if not applied.ok:
+        output.result(report.apply_table(applied))
+        failures = [(r.name, f"{r.status}: {r.detail}") for r in applied.results if not r.accepted]
+        output.result(f"RESULT: FAILED: {failures[0][0]} does not apply ({failures[0][1]})")
+        _write_reports(args, testrun.RunReport([]), failures, {"apply": applied.to_json()})
+        return 1
+    commits = [(patch, result.commit or "") for patch, result in zip(prefix, applied.results, strict=True)]
+
+    config = testrun.Config(
+        jobs=args.jobs,
+        per_test_timeout=args.timeout,
+        run_timeout=args.run_timeout,
+        keep_going=args.keep_going,
+        tool_tests=not args.no_tool_tests,
+    )
+    salt = env.key or f"given:{env.python}"
+    runner = testrun.Runner(
+        project_root=proj.root,
+        workdir=workdir,
+        patched_repo=patched,
+        upstream_commit=upstream.commit,
+        patch_commits=commits,
+        selected=[p.name for p in selected],
+        python=env.python,
+        installed_package=installed,
+        baseline_dir=store.root / "baselines",
+        baseline_salt=salt,
+        config=config,
+        tool_python=testrun.tool_test_python(env.python) if config.tool_tests else None,
+        info=output.info,
+    )
+    if config.tool_tests and runner.tool_python is None:
+        output.warn("no interpreter with pytest and the tool's dependencies: tool tests are not run")
+
+    # Steps: the prefix before each selected patch, the patch itself, and pristine for baselines.
+    needed = {0}
+    upstream_steps = set()
+    for patch in selected:
+        k = every.index(patch) + 1
+        needed.update({k - 1, k})
+        if testrun.parse_specs(patch.upstream_tests):
+            upstream_steps.add(k)
+    needed.add(len(prefix))
+    step_started = time.monotonic()
+    try:
+        for index in sorted(needed):
+            runner.steps[index] = runner.build_step(index, needs_upstream_tests=index in upstream_steps)
+        runner.check_shadow(runner.steps[max(needed)])
+    except (OSError, RuntimeError) as exc:
+        output.error(f"preparing the shadow packages failed: {exc}")
+        return 2
+    output.info(
+        f"{len(needed)} step(s) laid over {installed} in {time.monotonic() - step_started:.1f}s; "
+        f"testing {len(selected)} patch(es) with {config.jobs} process(es) at a time"
+    )
+
+    hypothesis_dir = workdir / "hypothesis"
+    base_env = testrun.base_environment(config.jobs)
+    base_env["HYPOTHESIS_STORAGE_DIRECTORY"] = str(hypothesis_dir)
+    setup_seconds = time.monotonic() - started
+    result = runner.execute(base_env)
+    result.setup_seconds = setup_seconds
+    result.extra = {
+        "upstream": upstream.to_json(),
+        "environment": env.to_json(),
+        "only": args.only,
+        "applied": [p.name for p in prefix],
+        "jobs": config.jobs,
+        "per_test_timeout": config.per_test_timeout,
+    }
+    output.result(testrun.table(result))
+    _write_reports(args, result, [], {})
+    return 0 if result.ok else 1
+
+
+def _write_reports(
+    args: argparse.Namespace, result: testrun.RunReport, apply_failures: list[tuple[str, str]], extra: dict
+) -> None:
+    if args.json:
+        data = {**result.to_json(), **extra}
+        if apply_failures:
+            data["ok"] = False
+            data["apply_failures"] = [{"patch": n, "detail": d} for n, d in apply_failures]
+        report.write_json(json.loads(json.dumps(data, default=str)), args.json)
+        output.info(f"JSON report: {args.json}")
+    if args.junit:
+        junit.write_report(testrun.junit_cases(result, apply_failures), args.junit)
+        output.info(f"JUnit report: {args.junit}")
