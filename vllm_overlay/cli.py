@@ -16,6 +16,9 @@ VERBS: dict[str, tuple[str, str]] = {
     "audit-upstream": ("audit_upstream", "keep/refresh/drop/resolve audit of the series against another upstream"),
     "test-patches": ("test_patches", "prove every patch red -> green and guard vLLM's own tests"),
     "with-patched-vllm": ("with_patched", "run a command with a patched tree laid over the installed vllm"),
+    "build-image": ("build_image", "build the image: locked base + one layer per series, verified"),
+    "verify-install": ("verify_install", "verify a site-packages against vllm's RECORD and an overlay manifest"),
+    "ci-image": ("ci_image", "CI: build the Dockerfile on a local stand-in base with buildah, then tamper tests"),
 }
 
 

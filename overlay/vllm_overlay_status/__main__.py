@@ -1,0 +1,109 @@
+"""python3 -m vllm_overlay_status {status,verify,compile}: what this image carries, and proof of it.
+
+status   the upstream release, the applied series and patches (with sha256s) and the replaced files,
+         with a quick check of the replaced files as installed (--json: the manifest itself)
+verify   the full check (exit 1 on any difference): the installed vllm is the manifest's version,
+         every file not replaced matches the wheel's RECORD, every replaced file matches the
+         manifest, nothing else was added; never imports vllm or torch
+compile  byte-compile the replaced files (checked-hash pycs); the image build runs it
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from . import ManifestError, load_manifest, manifest_path, vllm_site_packages
+from .checks import compile_replaced, running, verify
+
+
+def _site(args: argparse.Namespace) -> Path:
+    if args.site_packages is not None:
+        return args.site_packages
+    found = vllm_site_packages()
+    if found is None:
+        sys.exit("error: no vllm package on this interpreter's path; pass --site-packages")
+    return found
+
+
+def cmd_status(args: argparse.Namespace, manifest: dict) -> int:
+    if args.json:
+        print(json.dumps(manifest, indent=2, sort_keys=True))
+        return 0
+    upstream = manifest["upstream"]
+    site = _site(args)
+    problems = running(site, manifest)
+    print(f"upstream:      {upstream['project']} {upstream['version']} (release commit {upstream['commit']})")
+    print(f"series sha256: {manifest['series_sha256']}")
+    print(f"manifest:      {manifest_path()}")
+    print(f"site-packages: {site}")
+    for number, series in enumerate(manifest["series"], start=1):
+        print(f"series {number}: {series['name']}  (layer {series['layer']})")
+        for patch in series["patches"]:
+            print(f"  patch  {patch['name']}  sha256 {patch['sha256']}")
+            print(f"         {patch['subject']}")
+        for entry in series["files"]:
+            print(f"  ships  {entry['path']}  sha256 {entry['sha256']}  ({entry['change']})")
+    for entry in manifest.get("unshipped", []):
+        print(f"not shipped (outside the installed package): {entry['path']}  ({', '.join(entry['patches'])})")
+    if not manifest["series"]:
+        print("no patches: the image carries pristine upstream vllm")
+    print("replaced files as installed: " + ("match the manifest" if not problems else "DO NOT MATCH"))
+    for problem in problems:
+        print(f"  {problem}")
+    return 1 if problems else 0
+
+
+def cmd_verify(args: argparse.Namespace, manifest: dict) -> int:
+    site = _site(args)
+    started = time.monotonic()
+    problems = verify(site, manifest)
+    seconds = time.monotonic() - started
+    if args.json:
+        print(json.dumps({"site_packages": str(site), "ok": not problems, "problems": problems}, indent=2))
+    else:
+        for problem in problems:
+            print(problem, file=sys.stderr)
+        count = len(manifest.get("files", {}))
+        verdict = (
+            f"verified: vllm {manifest['upstream']['version']} in {site} is the wheel's RECORD apart from "
+            f"{count} replaced file(s), which match the manifest ({seconds:.1f} s)"
+            if not problems
+            else f"FAILED: {len(problems)} difference(s) from the manifest and RECORD in {site}"
+        )
+        print(verdict)
+    return 1 if problems else 0
+
+
+def cmd_compile(args: argparse.Namespace, manifest: dict) -> int:
+    written = compile_replaced(_site(args), manifest)
+    print(f"byte-compiled {len(written)} file(s) (checked-hash)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python3 -m vllm_overlay_status", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--manifest", type=Path, default=None, help="manifest to use (default: the one shipped here)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, handler in (("status", cmd_status), ("verify", cmd_verify), ("compile", cmd_compile)):
+        command = sub.add_parser(name)
+        command.add_argument("--site-packages", type=Path, default=None, help="default: where vllm is found")
+        if name != "compile":
+            command.add_argument("--json", action="store_true", help="machine-readable output")
+        command.set_defaults(handler=handler)
+    args = parser.parse_args(argv)
+    try:
+        manifest = load_manifest(args.manifest)
+    except ManifestError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return args.handler(args, manifest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

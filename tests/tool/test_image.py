@@ -1,0 +1,183 @@
+"""build-image staging: one layer per series with only its files, the manifest, the Dockerfile, reproducibility."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.tool.conftest import REPO_ROOT, replace_line, write_upstream
+from tests.tool.test_apply import run_apply
+from vllm_overlay import cli, image, lock, series
+from vllm_overlay.project import Project
+
+LOCKED = "__version__ = version = '0.33.0'\n__commit_id__ = commit_id = 'g4ba787ec9'\n"
+
+
+@pytest.fixture
+def upstream_dir(tmp_path: Path) -> Path:  # the locked version, so staging accepts it
+    return write_upstream(tmp_path / "upstream-a", extra={"vllm/_version.py": LOCKED})
+
+
+@pytest.fixture(scope="module")
+def _module_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture
+def store_env(_module_cache: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """One store for this module: apply-patches imports the locked sdist once, not per test."""
+    monkeypatch.setenv("VLLM_OVERLAY_CACHE", str(_module_cache))
+    return _module_cache
+
+
+@pytest.fixture
+def image_project(project: Path) -> Path:
+    shutil.copy(REPO_ROOT / "Dockerfile", project / "Dockerfile")
+    shutil.copytree(REPO_ROOT / "overlay", project / "overlay", ignore=shutil.ignore_patterns("__pycache__"))
+    return project
+
+
+def add_module_and_doc(tree: Path) -> None:
+    (tree / "vllm" / "added.py").write_text("ADDED = 1\n")
+    (tree / "docs.md").write_text("x\n")
+
+
+def two_series(make_patch, upstream_dir):
+    make_patch(
+        upstream_dir, lambda t: replace_line(t / "vllm" / "core.py", "line_5 = 5\n", "line_5 = 50\n"), "a1", "alpha"
+    )
+    make_patch(upstream_dir, add_module_and_doc, "a2", "alpha")
+    make_patch(
+        upstream_dir, lambda t: replace_line(t / "vllm" / "core.py", "line_9 = 9\n", "line_9 = 90\n"), "b1", "beta"
+    )
+
+
+def do_stage(project: Path, epoch: int = 1_700_000_000) -> image.Staging:
+    proj = Project(project)
+    return image.stage(proj, lock.load(proj.lock_file), series.load_series(proj.patches), epoch=epoch)
+
+
+def tree_digest(root: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        stat = path.lstat()
+        digest.update(f"{path.relative_to(root)} {stat.st_mode:o} {int(stat.st_mtime)}\n".encode())
+        if path.is_file():
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def test_one_layer_per_series_with_only_its_files(image_project, make_patch, upstream_dir, store_env):
+    two_series(make_patch, upstream_dir)
+    assert run_apply(image_project, upstream_dir)[0] == 0
+    staging = do_stage(image_project)
+    layers = staging.root / "layers"
+    assert sorted(p.name for p in layers.iterdir()) == ["01-alpha", "02-beta"]
+    files = {p.relative_to(layers).as_posix() for p in layers.rglob("*") if p.is_file()}
+    assert files == {"01-alpha/vllm/core.py", "01-alpha/vllm/added.py", "02-beta/vllm/core.py"}
+    # each layer holds the file as it stands after its series
+    assert "line_5 = 50\n" in (layers / "01-alpha/vllm/core.py").read_text()
+    assert "line_9 = 9\n" in (layers / "01-alpha/vllm/core.py").read_text()
+    assert "line_9 = 90\n" in (layers / "02-beta/vllm/core.py").read_text()
+    final = (layers / "02-beta/vllm/core.py").read_bytes()
+    manifest = json.loads((staging.root / "overlay/vllm_overlay_status/manifest.json").read_text())
+    assert manifest["files"] == {
+        "vllm/added.py": hashlib.sha256(b"ADDED = 1\n").hexdigest(),
+        "vllm/core.py": hashlib.sha256(final).hexdigest(),
+    }
+    assert [s["name"] for s in manifest["series"]] == ["alpha", "beta"]
+    patch = manifest["series"][0]["patches"][0]
+    assert patch["sha256"] == hashlib.sha256((image_project / "patches" / patch["name"]).read_bytes()).hexdigest()
+    assert {f["path"]: f["change"] for f in manifest["series"][0]["files"]} == {
+        "vllm/core.py": "modified",
+        "vllm/added.py": "added",
+    }
+    assert manifest["unshipped"] == [{"path": "docs.md", "patches": ["alpha/a2.patch"]}]
+    assert (staging.root / "overlay/vllm_overlay_status/_record.py").read_bytes() == (
+        REPO_ROOT / "vllm_overlay/record.py"
+    ).read_bytes()
+    record = (staging.root / "overlay/vllm_overlay_status-0.1.0.dist-info/RECORD").read_text()
+    assert "vllm_overlay_status/manifest.json,sha256=" in record
+
+
+def test_dockerfile_block_args_and_labels(image_project, make_patch, upstream_dir, store_env):
+    two_series(make_patch, upstream_dir)
+    assert run_apply(image_project, upstream_dir)[0] == 0
+    staging = do_stage(image_project)
+    text = staging.dockerfile.read_text()
+    assert "COPY layers/01-alpha/ ${VLLM_SITE_PACKAGES}/\nCOPY layers/02-beta/ ${VLLM_SITE_PACKAGES}/\n" in text
+    assert text.index("01-alpha") < text.index("02-beta") < text.index("COPY overlay/")
+    assert 'ARG BASE_IMAGE="vllm/vllm-openai:v0.33.0"' in text
+    assert f'ARG OVERLAY_SERIES_SHA256="{staging.series_sha256}"' in text
+    assert 'ARG OVERLAY_CREATED="2023-11-14T22:13:20Z"' in text
+    assert staging.labels["vllm-overlay.upstream.commit"] == "g4ba787ec9"
+    assert staging.labels["org.opencontainers.image.version"].startswith("0.33.0-overlay.")
+    assert image.sync_dockerfile(Project(image_project), staging.dockerfile_block)
+    assert image.dockerfile_block(Project(image_project)) == staging.dockerfile_block
+
+
+def test_staging_is_reproducible(image_project, make_patch, upstream_dir, store_env):
+    two_series(make_patch, upstream_dir)
+    assert run_apply(image_project, upstream_dir)[0] == 0
+    first = tree_digest(do_stage(image_project).root)
+    second = tree_digest(do_stage(image_project).root)
+    assert first == second
+    for path in (image_project / "build" / "image").rglob("*"):
+        assert int(path.lstat().st_mtime) == 1_700_000_000
+
+
+def test_stale_tree_is_refused(image_project, make_patch, upstream_dir, store_env):
+    path = make_patch(
+        upstream_dir, lambda t: replace_line(t / "vllm" / "core.py", "line_5 = 5\n", "line_5 = 50\n"), "a1"
+    )
+    assert run_apply(image_project, upstream_dir)[0] == 0
+    path.write_text(path.read_text().replace("+line_5 = 50", "+line_5 = 51"))
+    with pytest.raises(image.ImageError, match="changed after apply-patches"):
+        do_stage(image_project)
+
+
+def test_series_not_applied_is_refused(image_project, make_patch, upstream_dir, store_env):
+    make_patch(upstream_dir, lambda t: replace_line(t / "vllm" / "core.py", "line_5 = 5\n", "line_5 = 50\n"), "a1")
+    with pytest.raises(image.ImageError, match="apply-patches"):
+        do_stage(image_project)
+
+
+def test_deleting_a_file_is_refused(image_project, make_patch, upstream_dir, store_env):
+    make_patch(upstream_dir, lambda t: (t / "vllm" / "core.py").unlink(), "drop core")
+    assert run_apply(image_project, upstream_dir)[0] == 0
+    with pytest.raises(image.ImageError, match="cannot delete"):
+        do_stage(image_project)
+
+
+def test_other_upstream_version_is_refused(image_project, make_patch, tmp_path, store_env):
+    other = write_upstream(tmp_path / "upstream-other")  # 9.9.9
+    make_patch(other, lambda t: replace_line(t / "vllm" / "core.py", "line_5 = 5\n", "line_5 = 50\n"), "a1")
+    assert run_apply(image_project, other)[0] == 0
+    with pytest.raises(image.ImageError, match=r"locked vllm 0\.33\.0"):
+        do_stage(image_project)
+
+
+def test_overlay_may_not_write_into_vllm(image_project, make_patch, upstream_dir, store_env):
+    assert run_apply(image_project, upstream_dir)[0] == 0
+    (image_project / "overlay" / "vllm").mkdir()
+    (image_project / "overlay" / "vllm" / "x.py").write_text("")
+    with pytest.raises(image.ImageError, match="never into it"):
+        do_stage(image_project)
+
+
+def test_build_image_without_engine_says_so(image_project, upstream_dir, store_env, monkeypatch, capsys):
+    assert run_apply(image_project, upstream_dir)[0] == 0
+    monkeypatch.setattr("vllm_overlay.engine.shutil.which", lambda name: None)
+    assert cli.main(["build-image", "--project", str(image_project)]) == 2
+    assert "no container engine" in capsys.readouterr().err
+
+
+def test_stage_only_needs_no_engine(image_project, upstream_dir, store_env, capsys):
+    assert run_apply(image_project, upstream_dir)[0] == 0
+    assert cli.main(["build-image", "--project", str(image_project), "--stage-only"]) == 0
+    manifest = json.loads((image_project / "build/image/overlay/vllm_overlay_status/manifest.json").read_text())
+    assert manifest["series"] == [] and manifest["files"] == {}

@@ -1,0 +1,160 @@
+"""verify (in-image code, run tool-side) on a fake site-packages: pristine, replaced files, tampering, bytecode."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import py_compile
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.tool.conftest import REPO_ROOT
+from vllm_overlay import cli, record, verify
+
+OVERLAY = REPO_ROOT / "overlay"
+UPSTREAM_FILES = {
+    "vllm/__init__.py": b"",
+    "vllm/core.py": b"value = 1\n",
+    "vllm/utils/math.py": b"def cdiv(a, b):\n    return -(-a // b)\n",
+}
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def make_site(root: Path, version: str = "0.33.0") -> Path:
+    """A site-packages with a vllm 'wheel install': files plus a dist-info whose RECORD lists them."""
+    rows = []
+    for rel, data in UPSTREAM_FILES.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+        rows.append(f"{rel},{record.record_hash(sha(data))},{len(data)}")
+    dist = root / f"vllm-{version}.dist-info"
+    dist.mkdir()
+    metadata = f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n".encode()
+    (dist / "METADATA").write_bytes(metadata)
+    rows += [f"{dist.name}/METADATA,{record.record_hash(sha(metadata))},{len(metadata)}", f"{dist.name}/RECORD,,"]
+    (dist / "RECORD").write_text("\n".join(rows) + "\n")
+    return root
+
+
+def manifest_for(files: dict[str, bytes]) -> dict:
+    return {
+        "format": 1,
+        "upstream": {"project": "vllm", "version": "0.33.0", "commit": "g4ba787ec9"},
+        "series_sha256": "0" * 64,
+        "series": [{"name": "demo", "layer": "01-demo", "patches": [], "files": []}],
+        "files": {rel: sha(data) for rel, data in files.items()},
+        "overlay_files": {},
+        "unshipped": [],
+    }
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> Path:
+    return make_site(tmp_path / "site-packages")
+
+
+def check(site: Path, manifest: dict) -> list[str]:
+    return verify.verify_site_packages(site, manifest, OVERLAY)
+
+
+def test_pristine_site_verifies(site):
+    assert check(site, manifest_for({})) == []
+
+
+def test_replaced_and_added_files_verify_against_the_manifest(site):
+    patched = {"vllm/core.py": b"value = 2\n", "vllm/new.py": b"NEW = 1\n"}
+    for rel, data in patched.items():
+        (site / rel).write_bytes(data)
+    assert check(site, manifest_for(patched)) == []
+    assert any("core.py" in p for p in check(site, manifest_for({})))  # without the manifest: a difference
+
+
+def test_tampered_files_are_named(site):
+    patched = {"vllm/core.py": b"value = 2\n"}
+    (site / "vllm/core.py").write_bytes(patched["vllm/core.py"] + b"# tampered\n")
+    (site / "vllm/utils/math.py").write_bytes(b"def cdiv(a, b):\n    return 0\n")
+    (site / "vllm/sneaky.py").write_bytes(b"")
+    problems = check(site, manifest_for(patched))
+    assert any(p.startswith("replaced-mismatch: vllm/core.py") for p in problems)
+    assert any("vllm/utils/math.py" in p for p in problems)
+    assert any(p.startswith("unrecorded: vllm/sneaky.py") for p in problems)
+
+
+def test_wrong_version_and_missing_dist(tmp_path):
+    assert check(make_site(tmp_path / "a", version="0.32.0"), manifest_for({}))[0].startswith("version:")
+    (tmp_path / "empty").mkdir()
+    assert check(tmp_path / "empty", manifest_for({}))[0].startswith("no-dist:")
+
+
+def test_stale_bytecode_of_a_replaced_file(site):
+    source = site / "vllm/core.py"
+    new = b"value = 2\n"
+    stale = py_compile.compile(str(source), invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
+    source.write_bytes(new)
+    problems = check(site, manifest_for({"vllm/core.py": new}))
+    assert any(p.startswith("stale-bytecode:") for p in problems), problems
+    Path(stale).unlink()
+    py_compile.compile(str(source), invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
+    assert check(site, manifest_for({"vllm/core.py": new})) == []
+
+
+def install_status_package(site: Path, manifest: dict) -> None:
+    """What the image's overlay layer does: the package, a copy of record.py, the manifest, a dist-info."""
+    shutil.copytree(
+        OVERLAY / "vllm_overlay_status", site / "vllm_overlay_status", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    shutil.copytree(OVERLAY / "vllm_overlay_status-0.1.0.dist-info", site / "vllm_overlay_status-0.1.0.dist-info")
+    shutil.copy(REPO_ROOT / "vllm_overlay/record.py", site / "vllm_overlay_status/_record.py")
+    (site / "vllm_overlay_status/manifest.json").write_text(json.dumps(manifest))
+
+
+def test_in_image_command_and_plugin_without_the_tool(site, tmp_path):
+    """python -m vllm_overlay_status verify/status and the plugin, with only site-packages on the path."""
+    patched = {"vllm/core.py": b"value = 2\n"}
+    (site / "vllm/core.py").write_bytes(patched["vllm/core.py"])
+    install_status_package(site, manifest_for(patched))
+    env = {"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"}
+
+    def run(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-I", *argv], capture_output=True, text=True, env=env, cwd=tmp_path)
+
+    def module(command: str) -> subprocess.CompletedProcess:
+        code = (
+            f"import sys, runpy; sys.path.insert(0, {str(site)!r}); "
+            f"sys.argv = ['x', {command!r}, '--site-packages', {str(site)!r}]; "
+            "runpy.run_module('vllm_overlay_status', run_name='__main__')"
+        )
+        return run("-c", code)
+
+    verify_ok = module("verify")
+    assert verify_ok.returncode == 0, verify_ok.stderr
+    assert "verified" in verify_ok.stdout
+    status = module("status")
+    assert status.returncode == 0 and "series 1: demo" in status.stdout, status.stdout + status.stderr
+    plugin = (
+        f"import sys; sys.path.insert(0, {str(site)!r}); from vllm_overlay_status.plugin import register; register()"
+    )
+    assert run("-c", plugin).returncode == 0
+    (site / "vllm/core.py").write_bytes(b"value = 3\n")
+    failed = run("-c", plugin)
+    assert failed.returncode != 0 and "OverlayMismatch" in failed.stderr
+    tampered = module("verify")
+    assert tampered.returncode == 1 and "replaced-mismatch: vllm/core.py" in tampered.stderr
+
+
+def test_verify_install_command(site, tmp_path, capsys):
+    assert cli.main(["verify-install", "--site-packages", str(site)]) == 0
+    (site / "vllm/core.py").write_bytes(b"tampered\n")
+    report = tmp_path / "verify.json"
+    assert cli.main(["verify-install", "--site-packages", str(site), "--json", str(report)]) == 1
+    assert json.loads(report.read_text())["ok"] is False
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps(manifest_for({"vllm/core.py": b"tampered\n"})))
+    assert cli.main(["verify-install", "--site-packages", str(site), "--manifest", str(manifest)]) == 0
