@@ -251,61 +251,6 @@ def extract(repo: Path, commit: str, paths: list[str], dest: Path) -> dict[str, 
     return result
 
 
-def _pyc_source(name: str) -> str:
-    return name.split(".", 1)[0] + ".py"
-
-
-def build_sparse_shadow(installed: Path, replacements: dict[str, Path], deleted: list[str], dest: Path) -> Path:
-    """``dest/vllm`` laid out like ``shadow.build_shadow``, in milliseconds instead of seconds.
-
-    Same file set, same import result: the replaced files are real copies, deleted files are
-    absent, and everything else resolves to the installed package. Only the directories on the
-    way to a replaced or deleted file are real; every other entry (file or whole directory) is one
-    symlink to the installed one, instead of one symlink per file (~9,000 for vLLM). In real
-    directories ``__pycache__`` holds symlinks to the installed bytecode of the untouched modules,
-    so imports do not recompile; the runner sets PYTHONDONTWRITEBYTECODE, so nothing is ever
-    written through a symlink into the installation.
-    """
-    package = shadow.PACKAGE
-    root = dest / package
-    if root.exists() or root.is_symlink():
-        shutil.rmtree(root) if not root.is_symlink() else root.unlink()
-    changed = {*replacements, *deleted}
-    for rel in changed:
-        parts = Path(rel).parts
-        if not parts or parts[0] != package or ".." in parts:
-            raise ValueError(f"path outside the {package} package: {rel}")
-    real_dirs = {Path(package)}
-    for rel in changed:
-        for parent in Path(rel).parents:
-            if parent != Path("."):
-                real_dirs.add(parent)
-    for directory in sorted(real_dirs, key=lambda p: len(p.parts)):
-        target = dest / directory
-        target.mkdir(parents=True, exist_ok=True)
-        source = installed / Path(*directory.parts[1:]) if directory.parts[1:] else installed
-        if not source.is_dir():
-            continue
-        for entry in sorted(os.listdir(source)):
-            child = directory / entry
-            if entry == "__pycache__" or child in real_dirs or child.as_posix() in changed:
-                continue
-            if entry.endswith(".pyc"):
-                continue
-            (target / entry).symlink_to(source / entry)
-        cache = source / "__pycache__"
-        if cache.is_dir():
-            for name in sorted(os.listdir(cache)):
-                if name.endswith(".pyc") and (directory / _pyc_source(name)).as_posix() not in changed:
-                    (target / "__pycache__").mkdir(exist_ok=True)
-                    (target / "__pycache__" / name).symlink_to(cache / name)
-    for rel, source in sorted(replacements.items()):
-        target = dest / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source, target)
-    return dest
-
-
 def export_tree(repo: Path, commit: str, paths: list[str], dest: Path) -> None:
     """Extract ``paths`` (directories or files) of ``commit`` into ``dest`` without ownership."""
     dest.mkdir(parents=True, exist_ok=True)
@@ -648,7 +593,7 @@ class Runner:
         shutil.rmtree(step_dir, ignore_errors=True)
         present, deleted = changed_files(self.repo, self.upstream_commit, commit, shadow.PACKAGE + "/")
         replacements = extract(self.repo, commit, present, step_dir / "files")
-        shadow_dir = build_sparse_shadow(self.installed, replacements, deleted, step_dir / "shadow")
+        shadow_dir = shadow.build_shadow(self.installed, replacements, deleted, step_dir / "shadow")
         tests_root = self.pristine_tests_root()
         if needs_upstream_tests:
             t_present, t_deleted = changed_files(self.repo, self.upstream_commit, commit, "tests/", "pyproject.toml")

@@ -53,7 +53,11 @@ def run(args: argparse.Namespace) -> int:
     changed = changed_package_files(args.tree, args.base)
     replacements = shadow.replacements_from_tree(args.tree, changed)
     with tempfile.TemporaryDirectory(prefix="vllm-shadow-") as tmp:
-        shadow.build_shadow(installed, replacements, Path(tmp))
-        env = dict(os.environ, PYTHONPATH=shadow.pythonpath_with(Path(tmp), os.environ.get("PYTHONPATH")))
+        shadow.build_shadow(installed, replacements, (), Path(tmp))
+        env = dict(
+            os.environ,
+            PYTHONPATH=shadow.pythonpath_with(Path(tmp), os.environ.get("PYTHONPATH")),
+            PYTHONDONTWRITEBYTECODE="1",  # never write bytecode through a symlink into the install
+        )
         print(f"with-patched-vllm: {len(replacements)} file(s) overlaid from {args.tree}", file=sys.stderr)
         return subprocess.call(cmd, env=env)
