@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from vllm_overlay import engine, image, lock, output, project, record, series, shadow
+from vllm_overlay import engine, envs, image, lock, output, project, record, series, shadow
 from vllm_overlay.commands import build_image
 from vllm_overlay.store import Store
 
@@ -41,7 +41,12 @@ TAMPER_LINE = "# tampered by ci-image\n"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     project.add_project_argument(parser)
-    parser.add_argument("--python", default="python3", help="interpreter whose installed vllm is the pristine source")
+    parser.add_argument(
+        "--python",
+        default=None,
+        help="interpreter whose installed vllm is the pristine source (default: the cached test environment "
+        "that test-patches uses, built on first use)",
+    )
     parser.add_argument(
         "--storage-driver", default="overlay", choices=("overlay", "vfs"), help="buildah storage driver"
     )
@@ -159,7 +164,8 @@ def run(args: argparse.Namespace) -> int:
             started = time.monotonic()
             tar = _rootfs_tar(store.root, args.suite, args.mirror)
             after_rootfs = time.monotonic()
-            site = make_standin(eng, ref, the_lock, args.python, tar)
+            python = args.python or str(envs.ensure(the_lock, store).python)
+            site = make_standin(eng, ref, the_lock, python, tar)
             figures.append(
                 f"stand-in base created in {time.monotonic() - started:.0f} s "
                 f"(rootfs {after_rootfs - started:.0f} s, vllm copy + commit {time.monotonic() - after_rootfs:.0f} s)"
