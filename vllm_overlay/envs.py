@@ -31,12 +31,16 @@ from vllm_overlay.store import Store
 
 ENV_VAR = "VLLM_OVERLAY_ENV"
 MARKER = ".vllm-overlay-env"
-# What the runner itself needs inside the environment, beside vllm and the tool's own dependencies.
+# What the runner itself needs inside the environment, beside vllm and the tool's own dependencies:
+# the test tools at the versions vLLM 0.33.0 pins for its own CPU test runs
+# (requirements/test/cpu.txt in its sdist), so upstream tests run as upstream runs them.
 TEST_REQUIREMENTS = (
-    "pytest>=8,<10",
-    "pytest-timeout>=2.3,<3",
-    "tblib>=3,<4",
-    "hypothesis>=6,<7",
+    "pytest==9.1.0",
+    "pytest-asyncio==1.4.0",
+    "pytest-timeout==2.3.1",
+    "pytest-mock==3.14.0",
+    "tblib==3.1.0",
+    "hypothesis==6.131.0",
 )
 # Modules that must import in an environment given with --env.
 REQUIRED_MODULES = ("pytest", "pytest_timeout", "tblib")

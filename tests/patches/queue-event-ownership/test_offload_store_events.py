@@ -2,13 +2,15 @@
 """Regression tests: each offload store owns its compute-done event, and a
 preemption flush also waits for stores that are still queued.
 
-The real SimpleCPUOffloadWorker and the real DmaCopyBackend (with its real copy
-thread and queue) run here. Only what needs a GPU is replaced, at the
-narrowest seam (see qeo_cuda_model.py): ``torch.Event``,
-``torch.cuda.Stream``/``current_stream`` (CUDA events and streams),
-cuda_mem_ops' ``build_params``/``copy_blocks`` (the cuMemcpyBatchAsync launch)
-and ``current_platform.set_device`` (the copy thread's first CUDA call, used as
-the gate that delays the copy thread deterministically).
+The real SimpleCPUOffloadWorker runs here with each real backend: the
+DmaCopyBackend (its copy thread and queue) and the DiskBackend (its store and
+load IO threads, staging buffers and a real file written with pwritev). Only
+what needs a GPU is replaced, at the narrowest seam (see qeo_cuda_model.py):
+``torch.Event``, ``torch.cuda.current_stream`` and the backends' streams
+(CUDA events and streams), the backend modules' ``build_params`` /
+``copy_blocks`` (the cuMemcpyBatchAsync launch) and ``pin_tensor``
+(cudaHostRegister), and ``current_platform.set_device`` (the IO thread's first
+CUDA call, used as the gate that delays the copy thread deterministically).
 """
 
 from __future__ import annotations
@@ -18,33 +20,55 @@ import threading
 import pytest
 import torch
 import vllm.v1.simple_kv_offload.copy_backend as copy_backend
+import vllm.v1.simple_kv_offload.disk_backend as disk_backend
 from qeo_cuda_model import FakeCopyEngine, FakeEvent, FakeStream, Gate, OrderingLog
 from vllm.v1.simple_kv_offload.copy_backend import DmaCopyBackend
+from vllm.v1.simple_kv_offload.disk_backend import DiskBackend
 from vllm.v1.simple_kv_offload.metadata import SimpleCPUOffloadMetadata
 from vllm.v1.simple_kv_offload.worker import SimpleCPUOffloadWorker
 
 
 class Harness:
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, kind: str, tmp_path) -> None:
         self.log = OrderingLog()
         self.compute = FakeStream(self.log, "compute")
         self.copies = FakeCopyEngine(self.log)
         self.gate = Gate()
         monkeypatch.setattr(torch, "Event", lambda *a, **k: FakeEvent(self.log))
         monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: self.compute)
-        monkeypatch.setattr(copy_backend, "build_params", self.copies.build_params)
-        monkeypatch.setattr(copy_backend, "copy_blocks", self.copies.copy_blocks)
-        monkeypatch.setattr(copy_backend, "current_platform", self.gate)
+        module = copy_backend if kind == "dma" else disk_backend
+        monkeypatch.setattr(module, "build_params", self.copies.build_params)
+        monkeypatch.setattr(module, "copy_blocks", self.copies.copy_blocks)
+        monkeypatch.setattr(module, "current_platform", self.gate)
 
+        gpu_cache = {"k": torch.zeros(8, 16, dtype=torch.int8)}
+        load_stream = FakeStream(self.log, "load")
+        store_stream = FakeStream(self.log, "store")
         self.worker = SimpleCPUOffloadWorker(None, None, 0)
-        self.backend = DmaCopyBackend()
-        self.backend.init(
-            {"k": torch.zeros(8, 16, dtype=torch.int8)},
-            {"k": torch.zeros(8, 16, dtype=torch.int8)},
-            torch.device("cpu"),
-            FakeStream(self.log, "load"),
-            FakeStream(self.log, "store"),
-        )
+        self.backend: DmaCopyBackend | DiskBackend
+        if kind == "dma":
+            self.backend = DmaCopyBackend()
+            self.backend.init(
+                gpu_cache,
+                {"k": torch.zeros(8, 16, dtype=torch.int8)},
+                torch.device("cpu"),
+                load_stream,
+                store_stream,
+            )
+        else:
+            monkeypatch.setattr(disk_backend, "pin_tensor", lambda t: None)
+            self.backend = DiskBackend()
+            self.backend.init(
+                gpu_cache,
+                torch.device("cpu"),
+                load_stream,
+                store_stream,
+                str(tmp_path / "kv-offload"),
+                num_disk_slots=8,
+                total_block_bytes=16,
+                num_buffer_slots=2,
+                use_page_cache=True,
+            )
         self.worker._backend = self.backend
 
     def step_store(self, step: str, event_idx: int, gpu_block: int) -> None:
@@ -65,9 +89,9 @@ class Harness:
         self.backend.shutdown()
 
 
-@pytest.fixture
-def harness(monkeypatch):
-    h = Harness(monkeypatch)
+@pytest.fixture(params=["dma", "disk"])
+def harness(request, monkeypatch, tmp_path):
+    h = Harness(monkeypatch, request.param, tmp_path)
     yield h
     h.close()
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 NUM_EXPERTS = 512
@@ -25,6 +25,7 @@ def test_field_vector_padding_routes_become_expert0_weight0(make_b12x_layer, b12
     layer = make_b12x_layer(NUM_EXPERTS, top_k=3)
     topk_ids = torch.tensor([[-1, 7, 512]], dtype=ids_dtype)
     topk_weights = torch.tensor([[0.4, 0.5, 0.6]], dtype=torch.float32)
+    ids_before, weights_before = topk_ids.clone(), topk_weights.clone()
 
     layer.apply(topk_ids, topk_weights)
 
@@ -34,8 +35,8 @@ def test_field_vector_padding_routes_become_expert0_weight0(make_b12x_layer, b12
     assert seen["ids_copy"].tolist() == [[0, 7, 0]]
     assert seen["weights_copy"].tolist() == [[0.0, 0.5, 0.0]]
     # The router's own tensors are left as they were.
-    assert topk_ids.tolist() == [[-1, 7, 512]]
-    assert topk_weights.tolist() == pytest.approx([[0.4, 0.5, 0.6]])
+    assert torch.equal(topk_ids, ids_before)
+    assert torch.equal(topk_weights, weights_before)
 
     # A second call reuses the same route storage: nothing is allocated per
     # call, which is what lets the guard live inside a captured CUDA graph.
@@ -83,7 +84,11 @@ def top10_layer(make_b12x_layer):
 
 @settings(
     max_examples=60,
+    database=None,
     deadline=None,
+    # No shrinking: a failing example is reported as drawn, which keeps the
+    # red run short.
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(routes=_routes(top_k=10))
