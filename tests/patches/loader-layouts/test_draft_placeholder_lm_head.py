@@ -29,7 +29,6 @@ import tempfile
 import pytest
 import torch
 from safetensors.torch import save_file
-
 from vllm.config import (
     DeviceConfig,
     LoadConfig,

@@ -15,7 +15,6 @@ import threading
 
 import pytest
 from qeo_worker_pipeline import GpuOutput, Pipeline
-
 from vllm.v1.executor.multiproc_executor import WorkerProc
 
 DELIVERY_BOUND_S = 1.0

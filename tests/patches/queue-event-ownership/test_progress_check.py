@@ -21,7 +21,6 @@ from unittest.mock import AsyncMock
 import httpx
 import pytest
 from fastapi import FastAPI
-
 from vllm.entrypoints.serve.instrumentator import register_instrumentator_api_routers
 from vllm.sampling_params import SamplingParams
 from vllm.v1.engine import EngineCoreOutputs, EngineCoreRequest

@@ -15,7 +15,6 @@ import threading
 from typing import Any
 
 import pytest
-
 from qeo_worker_pipeline import GpuOutput, Pipeline
 
 # Bound from the issue: the failure must reach the executor within 1 s.
