@@ -151,6 +151,12 @@ def markdown(rows: list[AuditRow], old: str, new: str) -> str:
     warnings = [(row.patch, w) for row in rows for w in row.warnings]
     if warnings:
         lines += ["", "Warnings:", ""] + [f"- {name}: {_cell(w)}" for name, w in warnings]
+    if any(row.decision is Decision.RESOLVE for row in rows):
+        lines += [
+            "",
+            "Patches after a `resolve` row were tried on the tree without it: once it is resolved,",
+            "a later patch that builds on it may report differently.",
+        ]
     counts = {d: sum(r.decision is d for r in rows) for d in Decision}
     lines += ["", "Totals: " + ", ".join(f"{d} {n}" for d, n in counts.items())]
     return "\n".join(lines) + "\n"
