@@ -16,7 +16,7 @@ FROM ${BASE_IMAGE}
 # Another base passes --build-arg VLLM_SITE_PACKAGES=...; the step below proves the path, never assumes it.
 ARG VLLM_SITE_PACKAGES=/usr/local/lib/python3.12/dist-packages
 ARG PYTHON=python3
-RUN cd / && ${PYTHON} -c "import glob, importlib.util, os, sys; \
+RUN cd / && PYTHONDONTWRITEBYTECODE=1 ${PYTHON} -c "import glob, importlib.util, os, sys; \
 want = os.path.realpath(sys.argv[1]); spec = importlib.util.find_spec('vllm'); \
 got = os.path.realpath(os.path.dirname(os.path.dirname(spec.origin))) if spec and spec.origin else None; \
 dists = sorted(os.path.basename(d) for d in glob.glob(os.path.join(want, 'vllm-*.dist-info'))); \
