@@ -31,31 +31,39 @@ FAILURE = "queue-event-ownership/executor-send-worker-failures-ahead-of-stuck-as
 PROGRESS = "queue-event-ownership/health-add-a-progress-check-that-fails-when-active-work.patch"
 BOUND = "queue-event-ownership/executor-bound-unsent-async-outputs-by-max-concurrent.patch"
 
-# (status, decision, targets reported as changed)
+# (status, decision, Targets reported as changed since 0.33.0, by AST)
+ENGRAM = {
+    "vllm.model_executor.model_loader.weight_utils:_ENGRAM_WEIGHT_RE",
+    "vllm.models.qwen4_exp.nvidia.ngram_embedding:Qwen4ExpNGramEmbedding.load_weights",
+}
+PLE_LOADER = {"vllm.models.qwen4_exp.common.ple:PLEVocabParallelEmbedding.weight_loader"}
+ALIGN = {
+    "vllm.platforms.interface:Platform._align_heterogeneous_kv_block_size",
+    "vllm.platforms.interface:Platform._align_hybrid_block_size",
+}
+OFFLOAD_INIT = {"vllm.v1.simple_kv_offload.worker:SimpleCPUOffloadWorker.__init__"}
+EXECUTOR = {
+    "vllm.v1.executor.multiproc_executor:MultiprocExecutor.collective_rpc",
+    "vllm.v1.executor.multiproc_executor:WorkerProc.ResponseStatus",
+    "vllm.v1.executor.multiproc_executor:WorkerProc.enqueue_output",
+}
+OUTPUT_HANDLER = {"vllm.v1.engine.async_llm:AsyncLLM._run_output_handler"}
 EXPECTED = {
     "0.32.0": {
-        LOADER_FULL: ("conflict", "resolve", set()),
-        LOADER_WIDTH: (
-            "merged-3way",
-            "refresh",
-            {"vllm.models.qwen4_exp.common.ple:PLEVocabParallelEmbedding.weight_loader"},
-        ),
+        LOADER_FULL: ("conflict", "resolve", ENGRAM),
+        LOADER_WIDTH: ("merged-3way", "refresh", PLE_LOADER),
         LOADER_DRAFT: ("clean", "keep", set()),
         ROUTES: ("clean", "keep", set()),
         WORKSPACE: ("clean", "keep", set()),
-        BYTES: ("conflict", "resolve", set()),
-        OFFLOAD: ("offset", "refresh", {"vllm.v1.simple_kv_offload.worker:SimpleCPUOffloadWorker.__init__"}),
-        FAILURE: ("conflict", "resolve", set()),
-        PROGRESS: ("merged-3way", "refresh", {"vllm.v1.engine.async_llm:AsyncLLM._run_output_handler"}),
+        BYTES: ("conflict", "resolve", ALIGN),
+        OFFLOAD: ("offset", "refresh", OFFLOAD_INIT),
+        FAILURE: ("conflict", "resolve", EXECUTOR),
+        PROGRESS: ("merged-3way", "refresh", OUTPUT_HANDLER),
         BOUND: ("conflict", "resolve", set()),
     },
     "0.31.0": {
-        LOADER_FULL: ("conflict", "resolve", set()),
-        LOADER_WIDTH: (
-            "merged-3way",
-            "refresh",
-            {"vllm.models.qwen4_exp.common.ple:PLEVocabParallelEmbedding.weight_loader"},
-        ),
+        LOADER_FULL: ("conflict", "resolve", ENGRAM),
+        LOADER_WIDTH: ("merged-3way", "refresh", PLE_LOADER),
         LOADER_DRAFT: (
             "merged-3way",
             "refresh",
@@ -63,10 +71,10 @@ EXPECTED = {
         ),
         ROUTES: ("clean", "keep", set()),
         WORKSPACE: ("clean", "keep", set()),
-        BYTES: ("conflict", "resolve", set()),
-        OFFLOAD: ("offset", "refresh", {"vllm.v1.simple_kv_offload.worker:SimpleCPUOffloadWorker.__init__"}),
-        FAILURE: ("conflict", "resolve", set()),
-        PROGRESS: ("conflict", "resolve", set()),
+        BYTES: ("conflict", "resolve", ALIGN),
+        OFFLOAD: ("offset", "refresh", OFFLOAD_INIT),
+        FAILURE: ("conflict", "resolve", EXECUTOR),
+        PROGRESS: ("conflict", "resolve", OUTPUT_HANDLER),
         BOUND: ("conflict", "resolve", set()),
     },
 }
