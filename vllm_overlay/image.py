@@ -21,7 +21,7 @@ import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from pathlib import Path, PurePosixPath
 
 import unidiff
@@ -369,12 +369,24 @@ def _project_git(project: Project, *args: str) -> str | None:
     return result.stdout.strip() if result.returncode == 0 and result.stdout.strip() else None
 
 
-def source_date_epoch(project: Project) -> int:
-    """SOURCE_DATE_EPOCH from the environment, else the project's last commit time, else 0."""
+def source_date_epoch(patches: list[Patch]) -> int:
+    """SOURCE_DATE_EPOCH from the environment, else the newest patch's Last-Update (UTC midnight), else 0.
+
+    It must be a function of the build inputs alone. The project's last commit time is not: a
+    commit that changes no input (a README edit) would move every timestamp, and a layer cache
+    keyed on content but not on the timestamp would then mix layers of two epochs in one image.
+    """
     if os.environ.get("SOURCE_DATE_EPOCH", "").isdigit():
         return int(os.environ["SOURCE_DATE_EPOCH"])
-    committed = _project_git(project, "log", "-1", "--format=%ct")
-    return int(committed) if committed and committed.isdigit() else 0
+    days = []
+    for patch in patches:
+        try:
+            days.append(date.fromisoformat((patch.value("Last-Update") or "").strip()))
+        except ValueError:
+            continue
+    if not days:
+        return 0
+    return int(datetime.combine(max(days), datetime.min.time(), UTC).timestamp())
 
 
 def revision(project: Project) -> str:
@@ -404,7 +416,7 @@ def stage(
     if not template_path.is_file():
         raise ImageError(f"{template_path}: not found")
     upstream_commit, paired = read_patched_repo(tree, patches, lock)
-    epoch = source_date_epoch(project) if epoch is None else epoch
+    epoch = source_date_epoch(patches) if epoch is None else epoch
     work = dest.parent / f".{dest.name}.staging-{os.getpid()}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)

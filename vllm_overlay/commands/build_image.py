@@ -6,7 +6,7 @@ applied patches; the Dockerfile with its series block and ARG defaults filled in
 docker, podman or buildah (the first that works; --engine picks), tags, and runs
 `python3 -m vllm_overlay_status verify` in the image. Prints the bytes the layers add over the base
 and the build time. Layers are reproducible: same inputs, same layer digests (SOURCE_DATE_EPOCH,
-default the project's last commit time, fixes every timestamp).
+default the newest patch's Last-Update date, fixes every timestamp).
 
 Exit codes: 0 built and verified; 1 the build or the in-image verify failed; 2 usage, input or engine error.
 """

@@ -8,7 +8,7 @@ them installed (--python; checked against RECORD first) into the stand-in's syst
 differ; the Dockerfile is told the path and proves it). Then:
 
   1. scripts/build-image builds the real Dockerfile on the stand-in and verifies inside the image;
-  2. a --no-cache rebuild must give the same layer digests (reproducible layers);
+  2. a second --no-cache build must give the same layer digests (reproducible layers);
   3. a file tampered in a staged layer must make the build's verify step fail;
   4. a file tampered in the built image (a replaced one and an untouched one) must make
      `python3 -m vllm_overlay_status verify` and the vLLM plugin fail.
@@ -173,7 +173,9 @@ def run(args: argparse.Namespace) -> int:
         output.info(f"      vllm in the stand-in: {site}/vllm")
 
         output.info("== 1. build the real Dockerfile on the stand-in, verify inside")
-        if _build(proj, ref, site) != 0:
+        # Both builds start from nothing: the layer cache keys on content, not on the timestamps,
+        # so a cached layer of an earlier epoch could make two builds agree (or differ) by accident.
+        if _build(proj, ref, site, "--no-cache") != 0:
             failures.append("the build or its in-image verify failed")
             raise engine.EngineError("stopping: the image did not build")
         base_layers = len(eng.diff_ids(ref))
