@@ -319,6 +319,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", action="store_true", help="print JSON lines")
     parser.add_argument(
+        "--unspecified-platform",
+        action="store_true",
+        help="make vLLM's current_platform the UnspecifiedPlatform before the "
+        "measurement. For a CUDA machine without vLLM's compiled extensions: "
+        "with the CUDA platform, importing the Qwen4Exp model and "
+        "vllm.v1.worker.utils needs torch.ops._C and vllm_flash_attn's "
+        "_vllm_fa2_C/_vllm_fa3_C. The planner measured is then Platform's "
+        "update_block_size_for_backend, which CudaPlatform inherits unchanged; "
+        "the page tensors are still allocated on CUDA.",
+    )
+    parser.add_argument(
         "--cache-dtype",
         action="append",
         default=[],
@@ -348,6 +359,14 @@ def main(argv: list[str] | None = None) -> int:
             rc |= subprocess.call(cmd)
         return rc
 
+    if args.unspecified_platform:
+        import vllm.platforms
+        from vllm.platforms.interface import UnspecifiedPlatform
+
+        forced = UnspecifiedPlatform()
+        vllm.platforms._current_platform = forced
+        vllm.platforms.current_platform = forced
+        print("vLLM current_platform forced to UnspecifiedPlatform", file=sys.stderr)
     reports = run_here(scenarios)
     if args.json:
         for r in reports:
