@@ -190,21 +190,27 @@ def unpack_sdist(archive: Path, dest: Path) -> Path:
     return entries[0]
 
 
-def release_commit_id(tree: Path) -> str | None:
-    """The commit id a vLLM release records in vllm/_version.py, if any."""
-    version_file = tree / "vllm" / "_version.py"
-    if not version_file.is_file():
-        return None
-    match = re.search(r"commit_id\s*=\s*['\"]([^'\"]+)['\"]", version_file.read_text(encoding="utf-8"))
+VERSION_FILE = "vllm/_version.py"
+COMMIT_ID_RE = re.compile(r"commit_id\s*=\s*['\"]([^'\"]+)['\"]")
+VERSION_RE_IN_FILE = re.compile(r"__version__\s*=\s*version\s*=\s*['\"]([^'\"]+)['\"]")
+
+
+def version_field(text: str | None, pattern: re.Pattern[str]) -> str | None:
+    """A field of a release's vllm/_version.py (the release's own record of itself)."""
+    match = pattern.search(text) if text else None
     return match.group(1) if match else None
 
 
-def release_version(tree: Path) -> str | None:
-    version_file = tree / "vllm" / "_version.py"
-    if not version_file.is_file():
+def _version_file_of_tree(tree: Path) -> str | None:
+    path = tree / VERSION_FILE
+    return path.read_text(encoding="utf-8") if path.is_file() else None
+
+
+def _version_file_of_commit(repo: git.Repo, commit: str) -> str | None:
+    try:
+        return repo.git.show(f"{commit}:{VERSION_FILE}")
+    except git.GitCommandError:
         return None
-    match = re.search(r"__version__\s*=\s*version\s*=\s*['\"]([^'\"]+)['\"]", version_file.read_text(encoding="utf-8"))
-    return match.group(1) if match else None
 
 
 def _store_repo(store: Store) -> git.Repo:
@@ -299,7 +305,7 @@ def _obtain_release(store: Store, lock: Lock, version: str, locked: bool) -> Ups
         commit = _import_release_archive(store, archive, tag)[0]
         marker.write_text(f"{sha256} {commit}\n")
         (store.downloads / f"{filename}.sha256").write_text(sha256 + "\n")
-    release_commit = _release_commit_from_repo(repo, commit)
+    release_commit = version_field(_version_file_of_commit(repo, commit), COMMIT_ID_RE)
     return Upstream(
         kind="locked" if locked else "release",
         label=version,
@@ -319,15 +325,6 @@ def _cached_sha(store: Store, filename: str) -> str:
     raise SourceError(f"no recorded sha256 for cached {filename}; delete it from {store.downloads}")
 
 
-def _release_commit_from_repo(repo: git.Repo, commit: str) -> str | None:
-    try:
-        text = repo.git.show(f"{commit}:vllm/_version.py")
-    except git.GitCommandError:
-        return None
-    match = re.search(r"commit_id\s*=\s*['\"]([^'\"]+)['\"]", text)
-    return match.group(1) if match else None
-
-
 def _obtain_directory(store: Store, directory: Path) -> Upstream:
     directory = directory.resolve()
     if not (directory / "vllm").is_dir():
@@ -339,8 +336,8 @@ def _obtain_directory(store: Store, directory: Path) -> Upstream:
         label=directory.name,
         tag=tag,
         commit=commit,
-        version=release_version(directory),
-        release_commit=release_commit_id(directory),
+        version=version_field(_version_file_of_tree(directory), VERSION_RE_IN_FILE),
+        release_commit=version_field(_version_file_of_tree(directory), COMMIT_ID_RE),
         sha256=None,
         origin=str(directory),
     )
@@ -359,12 +356,7 @@ def _obtain_git(store: Store, spec: str) -> Upstream:
     fetched = repo.git.rev_parse("FETCH_HEAD^{commit}")
     tag = f"upstream/git-{fetched[:12]}"
     repo.git.tag("--force", tag, fetched)
-    try:
-        version_text = repo.git.show(f"{fetched}:vllm/_version.py")
-        match = re.search(r"__version__\s*=\s*version\s*=\s*['\"]([^'\"]+)['\"]", version_text)
-        version = match.group(1) if match else None
-    except git.GitCommandError:
-        version = None
+    version = version_field(_version_file_of_commit(repo, fetched), VERSION_RE_IN_FILE)
     return Upstream(
         kind="git",
         label=f"git-{fetched[:12]}",
