@@ -1,6 +1,7 @@
 """The strict apply engine: the series onto a fresh upstream checkout, one commit per patch.
 
-Every patch gets exactly one status, decided by git itself before the tree is touched:
+Every patch gets exactly one status, decided by git itself before the patch is committed (a 3-way
+merge can only be tried for real, so that trial is rolled back):
 
     clean             every hunk applies at its recorded line
     offset            every hunk applies, some at other lines (refused unless --allow-offset)
