@@ -1,0 +1,133 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Shared CPU harness for the B12x MoE series (route-sanitization, workspace-reuse).
+
+The real vLLM ``FlashInferB12xExperts`` builds the real flashinfer ``B12xMoEWrapper``.
+``cpu_wrapper_class`` is the one GPU seam both series need for construction: vLLM 0.33.0 builds the
+wrapper on the default ``"cuda"`` device, and this subclass of the real wrapper redirects that
+device to CPU so the wrapper's real buffer allocation runs without a GPU. Each series' conftest
+adds its own stand-in for the kernel launch (``moe_dispatch.launch_sm120_moe``).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import flashinfer.fused_moe as fi_fused_moe
+import torch
+from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+from vllm.model_executor.layers.fused_moe.config import (
+    FusedMoEConfig,
+    FusedMoEParallelConfig,
+    RoutingMethodType,
+    nvfp4_moe_quant_config,
+)
+from vllm.model_executor.layers.fused_moe.experts.flashinfer_b12x_moe import (
+    FlashInferB12xExperts,
+)
+
+
+def cpu_wrapper_class() -> type:
+    real = fi_fused_moe.B12xMoEWrapper
+
+    class CpuAllocatedB12xMoEWrapper(real):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, device: Any = "cuda", **kwargs: Any):
+            if torch.device(device).type == "cuda":
+                device = "cpu"
+            super().__init__(*args, device=device, **kwargs)
+
+    return CpuAllocatedB12xMoEWrapper
+
+
+class B12xLayer:
+    """One real FlashInferB12xExperts with NVFP4-shaped CPU weights."""
+
+    def __init__(
+        self,
+        num_experts: int = 16,
+        top_k: int = 8,
+        hidden: int = 256,
+        intermediate: int = 128,
+        max_num_tokens: int = 256,
+        activation: MoEActivation = MoEActivation.SILU,
+    ) -> None:
+        self.num_experts = num_experts
+        self.top_k = top_k
+        self.hidden = hidden
+        self.activation = activation
+        moe_config = FusedMoEConfig(
+            num_experts=num_experts,
+            experts_per_token=top_k,
+            hidden_dim=hidden,
+            intermediate_size=intermediate,
+            num_local_experts=num_experts,
+            num_logical_experts=num_experts,
+            moe_parallel_config=FusedMoEParallelConfig.make_no_parallel(),
+            activation=activation,
+            in_dtype=torch.bfloat16,
+            device="cpu",
+            routing_method=RoutingMethodType.TopK,
+            max_num_tokens=max_num_tokens,
+        )
+        e = num_experts
+        w1_rows = intermediate * (2 if activation.is_gated else 1)
+        w1_scale = torch.ones(e, w1_rows, hidden // 16).to(torch.float8_e4m3fn)
+        w2_scale = torch.ones(e, hidden, intermediate // 16).to(torch.float8_e4m3fn)
+        quant_config = nvfp4_moe_quant_config(
+            g1_alphas=torch.ones(e),
+            g2_alphas=torch.ones(e),
+            a1_gscale=torch.ones(e),
+            a2_gscale=torch.ones(e),
+            w1_scale=w1_scale,
+            w2_scale=w2_scale,
+        )
+        self.experts = FlashInferB12xExperts(moe_config, quant_config)
+        self.experts.process_weights_after_loading(
+            SimpleNamespace(
+                w13_weight=torch.empty(0),
+                w13_weight_scale=w1_scale,
+                w13_weight_scale_2=torch.ones(e),
+                w2_weight_scale=w2_scale,
+                w2_weight_scale_2=torch.ones(e),
+            )
+        )
+        self.w1 = torch.zeros(e, w1_rows, hidden // 2, dtype=torch.uint8)
+        self.w2 = torch.zeros(e, hidden, intermediate // 2, dtype=torch.uint8)
+
+    def apply(self, num_tokens: int = 4) -> None:
+        """One real apply() call with valid routes; the first one builds the wrapper."""
+        topk_ids = torch.arange(num_tokens * self.top_k).view(num_tokens, -1)
+        topk_ids = (topk_ids % self.num_experts).to(torch.int32)
+        topk_weights = torch.full((num_tokens, self.top_k), 1.0 / self.top_k)
+        self.apply_routes(topk_ids, topk_weights)
+
+    def apply_routes(self, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> None:
+        """One real apply() call with the given routes."""
+        hidden_states = torch.randn(topk_ids.size(0), self.hidden, dtype=torch.bfloat16)
+        self.experts.apply(
+            output=torch.empty_like(hidden_states),
+            hidden_states=hidden_states,
+            w1=self.w1,
+            w2=self.w2,
+            topk_weights=topk_weights,
+            topk_ids=topk_ids,
+            activation=self.activation,
+            global_num_experts=self.num_experts,
+            expert_map=None,
+            a1q_scale=None,
+            a2_scale=None,
+            workspace13=None,
+            workspace2=None,
+            expert_tokens_meta=None,
+            apply_router_weight_on_input=False,
+        )
+
+    @property
+    def buffers(self) -> tuple[object, object, torch.Tensor]:
+        wrapper = self.experts._wrapper
+        assert wrapper is not None
+        return (
+            wrapper._static_workspace,
+            wrapper._dynamic_workspace,
+            wrapper._moe_output,
+        )
