@@ -40,6 +40,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -270,13 +271,21 @@ def measure(cache_dtype: str, kind: str, model_dir: Path) -> PageReport:
     )
 
 
-def run_here(scenarios: list[tuple[str, str]]) -> list[PageReport]:
+def run_here(scenarios: list[tuple[str, str]], failed: list[str]) -> list[PageReport]:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp)
         _write_model_dir(model_dir)
-        return [measure(dtype, kind, model_dir) for dtype, kind in scenarios]
+        reports = []
+        for dtype, kind in scenarios:
+            try:
+                reports.append(measure(dtype, kind, model_dir))
+            except Exception as exc:  # report the scenario, go on with the others
+                failed.append(dtype)
+                traceback.print_exc()
+                print(f"{dtype}: NOT MEASURED: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return reports
 
 
 def print_table(label: str, reports: list[PageReport]) -> None:
@@ -367,13 +376,14 @@ def main(argv: list[str] | None = None) -> int:
         vllm.platforms._current_platform = forced
         vllm.platforms.current_platform = forced
         print("vLLM current_platform forced to UnspecifiedPlatform", file=sys.stderr)
-    reports = run_here(scenarios)
+    failed: list[str] = []
+    reports = run_here(scenarios, failed)
     if args.json:
         for r in reports:
             print(json.dumps(asdict(r)))
     else:
         print_table("importable vllm", reports)
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

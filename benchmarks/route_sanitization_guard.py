@@ -5,42 +5,43 @@ Times, per MoE call, for 512 experts, top-k 8 and 10 and 1..8192 tokens:
 
 * ``to_int32``: the id conversion the unpatched apply() does
   (``topk_ids.to(torch.int32)``), which the guard replaces;
-* ``fused``: the shipped guard, ``sanitize_topk_routes`` from the patched
-  ``vllm.model_executor.layers.fused_moe.experts.flashinfer_b12x_moe``
-  (one Triton kernel on CUDA);
+* ``fused``: the shipped guard, the real ``FlashInferB12xExperts._sanitized_routes``
+  of the importable (patched) vLLM, which runs ``sanitize_topk_routes`` (one
+  Triton kernel on CUDA) into route buffers the layer allocated on its first
+  call;
 * ``chain``: the same guard written as a chain of torch compare/where ops;
-* ``moe_proxy`` (up to 64 tokens, CUDA only): a decode-size MoE stand-in, two bf16 GEMMs
-  over the routed rows (hidden 2048, intermediate 512), to put the guard's
-  cost in proportion.
+* ``moe_ref`` (up to 64 tokens, CUDA only): a decode-size MoE of the same shape
+  to put the guard's cost in proportion: the routed rows grouped by expert and
+  two bf16 grouped GEMMs (``torch._grouped_mm``) over 512 experts' weights
+  (hidden 2048, intermediate 512), SiLU-and-mul between them. It is not the
+  B12x kernel (NVFP4, SM120 only): bf16 weights are 4x the bytes of NVFP4, so
+  this call is slower than B12x's and the guard's share is understated by
+  up to that factor.
 
 On CUDA every variant is captured ``--reps`` times into one CUDA graph, the
 graph is replayed, and CUDA events time the replays: the figure is the
-per-call cost under CUDA-graph replay. On CPU the same functions are timed
-with ``time.perf_counter`` (no graphs, no CUDA events); those figures only
-show that the script and the guard's CPU path run, and say nothing about GPU
-cost. Each run also checks the guard's output against the expected routes.
+per-call cost under CUDA-graph replay (the capture itself is the
+graph-capturability check). ``launches`` counts the CUDA kernels one eager
+call starts (torch profiler): the pristine conversion vs the guarded call.
+On CPU the same functions are timed with ``time.perf_counter`` (no graphs,
+no CUDA events); those figures only show that the script and the guard's
+CPU path run, and say nothing about GPU cost. Each row also checks the
+guard's output against the expected routes.
 
     python benchmarks/route_sanitization_guard.py            # needs patched vllm
     python benchmarks/route_sanitization_guard.py --tokens 1 8 64 --top-k 10
+    python benchmarks/route_sanitization_guard.py --block-size 256   # tuning only
 
-On a GPU machine without vLLM installed, ``--guard-source PATH`` takes the
-patched ``flashinfer_b12x_moe.py`` instead: its ``_SANITIZE_ROUTES_BLOCK_SIZE``,
-``_sanitize_topk_routes_kernel`` and ``sanitize_topk_routes`` definitions are
-copied verbatim into a scratch module (with ``torch`` and Triton's ``tl`` and
-``triton``) and imported from there, so the code timed is the shipped code.
+``--block-size`` overrides the module's ``_SANITIZE_ROUTES_BLOCK_SIZE`` for a
+tuning run; the output then says so, and such rows are not the shipped guard.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
-import importlib.util
 import platform
-import sys
-import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
@@ -103,92 +104,75 @@ def time_per_call(fn: Callable[[], object], device: torch.device, reps: int) -> 
     return (time.perf_counter() - t0) * 1e6 / reps
 
 
-GUARD_NAMES = (
-    "_SANITIZE_ROUTES_BLOCK_SIZE",
-    "_sanitize_topk_routes_kernel",
-    "sanitize_topk_routes",
-)
+def kernel_launches(fn: Callable[[], object]) -> int:
+    """CUDA kernels (and memcpy/memset) one eager call of ``fn`` starts."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
-def load_guard(source: str | None) -> Callable[..., None]:
-    """The shipped guard: from the installed (patched) vLLM, or from a copy of
-    the patched module's own definitions when vLLM is not installed."""
-    if source is None:
-        from vllm.model_executor.layers.fused_moe.experts.flashinfer_b12x_moe import (
-            sanitize_topk_routes,
-        )
+def grouped_moe(num_tokens: int, top_k: int, device: torch.device) -> Callable[[], torch.Tensor]:
+    """A decode-size bf16 MoE of the benchmark's shape over grouped GEMMs."""
+    gen = torch.Generator(device="cpu").manual_seed(num_tokens)
+    ids = torch.stack([torch.randperm(NUM_EXPERTS, generator=gen)[:top_k] for _ in range(num_tokens)])
+    counts = torch.bincount(ids.flatten(), minlength=NUM_EXPERTS)
+    offs = counts.cumsum(0).to(device=device, dtype=torch.int32)
+    rows = num_tokens * top_k
+    x = torch.randn(rows, HIDDEN, dtype=torch.bfloat16, device=device)
+    # Stored out x in, as checkpoints store them; the GEMMs take the transposes.
+    w13 = torch.randn(NUM_EXPERTS, 2 * INTERMEDIATE, HIDDEN, dtype=torch.bfloat16, device=device) * 0.02
+    w2 = torch.randn(NUM_EXPERTS, HIDDEN, INTERMEDIATE, dtype=torch.bfloat16, device=device) * 0.02
 
-        return sanitize_topk_routes
-    text = Path(source).read_text()
-    lines = text.splitlines()
-    chunks = []
-    for node in ast.parse(text).body:
-        if isinstance(node, ast.Assign):
-            names = [t.id for t in node.targets if isinstance(t, ast.Name)]
-        else:
-            names = [getattr(node, "name", "")]
-        if not any(name in GUARD_NAMES for name in names):
-            continue
-        # Whole top-level statement, decorators included.
-        first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-        chunks.append("\n".join(lines[first - 1 : node.end_lineno]))
-    if len(chunks) != len(GUARD_NAMES):
-        raise SystemExit(f"{source}: did not find all of {GUARD_NAMES}")
-    header = "import torch\nimport triton\nimport triton.language as tl\n\n"
-    scratch = Path(tempfile.mkdtemp()) / "b12x_route_guard.py"
-    scratch.write_text(header + "\n\n".join(chunks) + "\n")
-    spec = importlib.util.spec_from_file_location("b12x_route_guard", scratch)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["b12x_route_guard"] = module
-    spec.loader.exec_module(module)
-    print(f"guard loaded from {source} (copied definitions: {', '.join(GUARD_NAMES)})")
-    return module.sanitize_topk_routes
+    def moe() -> torch.Tensor:
+        gate, up = torch._grouped_mm(x, w13.transpose(-2, -1), offs=offs).chunk(2, dim=-1)
+        return torch._grouped_mm(torch.nn.functional.silu(gate) * up, w2.transpose(-2, -1), offs=offs)
+
+    return moe
 
 
-def measure(
-    guard: Callable[..., None],
-    num_tokens: int,
-    top_k: int,
-    device: torch.device,
-    ids_dtype: torch.dtype,
-    reps: int,
-) -> str:
+def measure(num_tokens: int, top_k: int, device: torch.device, ids_dtype: torch.dtype, reps: int) -> str:
     """One table row: the timings of one (tokens, top-k) point."""
-    ids, weights = make_routes(num_tokens, top_k, device, ids_dtype)
-    out_ids = torch.empty(num_tokens, top_k, dtype=torch.int32, device=device)
-    out_w = torch.empty_like(weights)
+    from b12x_experts import make_experts
 
-    guard(ids, weights, NUM_EXPERTS, out_ids, out_w)
+    ids, weights = make_routes(num_tokens, top_k, device, ids_dtype)
+    layer = make_experts(NUM_EXPERTS, top_k, HIDDEN, INTERMEDIATE, num_tokens, device=device.type)
+    # The layer's first call allocates its route buffers (never during capture).
+    out_ids, out_w = layer._sanitized_routes(ids, weights)
     want_ids, want_w = expected_routes(ids, weights)
     correct = torch.equal(out_ids, want_ids) and torch.equal(out_w, want_w)
 
+    def guarded() -> object:
+        return layer._sanitized_routes(ids, weights)
+
     t_conv = time_per_call(lambda: ids.to(torch.int32), device, reps)
-    t_fused = time_per_call(lambda: guard(ids, weights, NUM_EXPERTS, out_ids, out_w), device, reps)
+    t_fused = time_per_call(guarded, device, reps)
+    # The outputs of the captured graph's last replay are checked as well.
+    replayed = torch.equal(out_ids, want_ids) and torch.equal(out_w, want_w)
     t_chain = time_per_call(lambda: expected_routes(ids, weights), device, reps)
+    launches = "-"
+    if device.type == "cuda":
+        launches = f"{kernel_launches(lambda: ids.to(torch.int32))}/{kernel_launches(guarded)}"
 
-    t_proxy = None
-    # The proxy only means something on a GPU (bf16 GEMMs on a CPU take ms).
+    t_moe = None
+    # The reference only means something on a GPU (bf16 GEMMs on a CPU take ms).
     if num_tokens <= 64 and device.type == "cuda":
-        rows = num_tokens * top_k
-        x = torch.randn(rows, HIDDEN, dtype=torch.bfloat16, device=device)
-        w1 = torch.randn(HIDDEN, 2 * INTERMEDIATE, dtype=torch.bfloat16, device=device)
-        w2 = torch.randn(INTERMEDIATE, HIDDEN, dtype=torch.bfloat16, device=device)
-
-        def proxy() -> torch.Tensor:
-            gate, up = (x @ w1).chunk(2, dim=-1)
-            return (torch.nn.functional.silu(gate) * up) @ w2
-
-        t_proxy = time_per_call(proxy, device, max(1, reps // 10))
+        try:
+            t_moe = time_per_call(grouped_moe(num_tokens, top_k, device), device, max(1, reps // 10))
+        except RuntimeError as exc:  # grouped GEMM unsupported on this device/torch
+            print(f"moe_ref not timed at {num_tokens} tokens: {exc}")
 
     def ratio(t: float) -> str:
-        return f"{t / t_proxy:>11.2f}" if t_proxy else f"{'-':>11}"
+        return f"{t / t_moe:>9.3f}" if t_moe else f"{'-':>9}"
 
-    proxy_s = f"{t_proxy:>9.2f}" if t_proxy else f"{'-':>9}"
+    moe_s = f"{t_moe:>8.2f}" if t_moe else f"{'-':>8}"
     return (
         f"{num_tokens:>6}  {top_k:>5}  {t_conv:>8.2f}  {t_fused:>6.2f}  "
-        f"{t_chain:>6.2f}  {proxy_s}  {t_fused - t_conv:>14.2f}  "
-        f"{ratio(t_fused)}  {ratio(t_chain)}  {'yes' if correct else 'NO'}"
+        f"{t_chain:>6.2f}  {moe_s}  {t_fused - t_conv:>14.2f}  "
+        f"{ratio(t_fused)}  {ratio(t_chain)}  {launches:>8}  {'yes' if correct and replayed else 'NO'}"
     )
 
 
@@ -199,12 +183,22 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=100, help="calls per graph")
     parser.add_argument("--ids-dtype", choices=["int32", "int64"], default="int32", help="router ids")
     parser.add_argument(
-        "--guard-source",
-        help="patched flashinfer_b12x_moe.py to take the guard from (no vLLM)",
+        "--block-size",
+        type=int,
+        help="tuning only: override the guard kernel's _SANITIZE_ROUTES_BLOCK_SIZE",
     )
     args = parser.parse_args()
 
-    sanitize_topk_routes = load_guard(args.guard_source)
+    from b12x_experts import describe_vllm
+    from vllm.model_executor.layers.fused_moe.experts import flashinfer_b12x_moe
+
+    shipped = flashinfer_b12x_moe._SANITIZE_ROUTES_BLOCK_SIZE
+    if args.block_size:
+        flashinfer_b12x_moe._SANITIZE_ROUTES_BLOCK_SIZE = args.block_size
+        print(f"TUNING RUN: block size {args.block_size} instead of the shipped {shipped}")
+    else:
+        print(f"guard: the importable vLLM's, block size {shipped}")
+    print(describe_vllm())
 
     if torch.cuda.is_available():
         device = torch.device("cuda", torch.cuda.current_device())
@@ -222,11 +216,11 @@ def main() -> None:
     ids_dtype = torch.int32 if args.ids_dtype == "int32" else torch.int64
     print(f"torch {torch.__version__}; device: {where}")
     print(f"experts={NUM_EXPERTS} ids_dtype={args.ids_dtype} reps/graph={args.reps}; times in us per MoE call")
-    print("tokens  top_k  to_int32   fused   chain  moe_proxy  fused-to_int32  fused/proxy  chain/proxy  correct")
-
+    print("tokens  top_k  to_int32   fused   chain   moe_ref  fused-to_int32  fused/moe  chain/moe  launches  correct")
     for top_k in args.top_k:
         for num_tokens in args.tokens:
-            print(measure(sanitize_topk_routes, num_tokens, top_k, device, ids_dtype, args.reps))
+            print(measure(num_tokens, top_k, device, ids_dtype, args.reps), flush=True)
+    print("launches: CUDA kernels of one eager call, pristine conversion/guarded call")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--base",
         default=None,
-        help="upstream revision the tree is compared with (default: the newest upstream-* tag)",
+        help="upstream revision the tree is compared with (default: the newest upstream/* tag, as "
+        "apply-patches writes, or upstream-* tag that HEAD descends from)",
     )
     parser.add_argument(
         "--python",
@@ -30,14 +31,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- command to run")
 
 
+def upstream_base(repo: git.Repo) -> str:
+    """The newest upstream tag HEAD descends from.
+
+    apply-patches tags its root commit ``upstream/<label>`` and its repository also carries the
+    store's other upstream tags, which are separate roots; hand-made clones often use ``upstream-*``.
+    """
+    head = repo.head.commit
+    tags = [
+        t
+        for t in repo.tags
+        if t.name.startswith(("upstream/", "upstream-")) and repo.is_ancestor(t.commit, head)
+    ]
+    if not tags:
+        raise SystemExit(f"{repo.working_tree_dir}: no upstream/* or upstream-* tag below HEAD; pass --base")
+    return max(tags, key=lambda t: t.commit.committed_date).name
+
+
 def changed_package_files(tree: Path, base: str | None) -> list[str]:
     """Files of the tree that differ from the upstream revision, uncommitted edits included."""
     repo = git.Repo(tree)
     if base is None:
-        tags = sorted((t for t in repo.tags if t.name.startswith("upstream-")), key=lambda t: t.commit.committed_date)
-        if not tags:
-            raise SystemExit(f"{tree}: no upstream-* tag; pass --base")
-        base = tags[-1].name
+        base = upstream_base(repo)
     names = set(repo.git.diff("--name-only", "--no-renames", base, "--", shadow.PACKAGE).splitlines())
     names.update(p for p in repo.untracked_files if p.startswith(shadow.PACKAGE + "/"))
     return sorted(names)
