@@ -27,7 +27,7 @@
 #   compiled ops (torch.ops._C.cutlass_scaled_mm_supports_block_fp8) at import
 #   time. Tensors are still CUDA tensors; qeo runs on the CUDA platform.
 set -u
-STAGES=${STAGES:-probe rs wr ba}
+STAGES=${STAGES:-wr ba rs}
 on() { [[ " $STAGES " == *" $1 "* ]]; }
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_LOGGING_LEVEL=WARNING
@@ -90,6 +90,12 @@ done > "$OUT/probe.txt" 2>&1
 on qeo && for v in pristine patched; do
   echo "## variant $v"; py $v 240 benchmarks/queue_event_ownership_gpu.py --rounds 5
 done > "$OUT/queue_event_ownership.txt" 2>&1
+on wr && for v in pristine patched; do
+  echo "## variant $v"; unspec $v 200 benchmarks/workspace_reuse_gpu.py --layers 48 --max-tokens 8192
+done > "$OUT/workspace_reuse.txt" 2>&1
+on ba && for v in pristine patched; do
+  echo "## variant $v"; unspec $v 240 benchmarks/byte_accounting_pages.py
+done > "$OUT/byte_accounting.txt" 2>&1
 on rs && {
   unspec patched 240 benchmarks/route_sanitization_guard.py --ids-dtype int32
   unspec patched 200 benchmarks/route_sanitization_guard.py --ids-dtype int64
@@ -97,10 +103,4 @@ on rs && {
     unspec patched 100 benchmarks/route_sanitization_guard.py --block-size $b --tokens 1 1024 4096 8192 --top-k 10
   done
 } > "$OUT/route_sanitization.txt" 2>&1
-on wr && for v in pristine patched; do
-  echo "## variant $v"; unspec $v 200 benchmarks/workspace_reuse_gpu.py --layers 48 --max-tokens 8192
-done > "$OUT/workspace_reuse.txt" 2>&1
-on ba && for v in pristine patched; do
-  echo "## variant $v"; unspec $v 240 benchmarks/byte_accounting_pages.py
-done > "$OUT/byte_accounting.txt" 2>&1
 cd "$OUT" && grep -h -v -E "^W[0-9]{4}|Warning|warn" *.txt | grep -E "^(OK|FAIL|current|##|==|TUNING|guard|vllm)|exit status|^ +[0-9]+ +(8|10) |allocated_bytes|reserved_bytes|distinct_static|segments|allocations|wrapper_bytes|^(fp8|nvfp4|octave)|platform method|CARRY" | cut -c1-200
