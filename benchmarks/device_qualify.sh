@@ -99,7 +99,7 @@ done > "$OUT/byte_accounting.txt" 2>&1
 on rs && {
   unspec patched 240 benchmarks/route_sanitization_guard.py --ids-dtype int32
   unspec patched 200 benchmarks/route_sanitization_guard.py --ids-dtype int64
-  for b in 256 512 2048; do
+  for b in 128 512 1024; do
     unspec patched 100 benchmarks/route_sanitization_guard.py --block-size $b --tokens 1 1024 4096 8192 --top-k 10
   done
 } > "$OUT/route_sanitization.txt" 2>&1
