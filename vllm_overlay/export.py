@@ -82,9 +82,35 @@ def upstream_base(repo: git.Repo) -> str:
         ) from exc
 
 
+# What git leaves in the git directory while an operation is stopped half-way.
+IN_PROGRESS = {
+    "rebase-merge": "a rebase",
+    "rebase-apply": "a rebase or git am",
+    "MERGE_HEAD": "a merge",
+    "CHERRY_PICK_HEAD": "a cherry-pick",
+    "REVERT_HEAD": "a revert",
+    "BISECT_LOG": "a bisect",
+}
+
+
+def operation_in_progress(repo: git.Repo) -> str | None:
+    """The git operation stopped half-way in ``repo``, if any.
+
+    Mid-rebase, HEAD is only part of the series: exporting then would delete the patches
+    after it from patches/.
+    """
+    for name, operation in IN_PROGRESS.items():
+        if Path(repo.working_tree_dir, repo.git.rev_parse("--git-path", name)).exists():
+            return operation
+    return None
+
+
 def export_commits(repo_dir: Path) -> list[ExportedPatch]:
     """Format every commit between the upstream base and HEAD."""
     repo = git.Repo(repo_dir)
+    operation = operation_in_progress(repo)
+    if operation:
+        raise ExportError(f"{repo_dir}: {operation} is in progress; finish or abort it first")
     if repo.is_dirty(untracked_files=False):
         raise ExportError(f"{repo_dir}: uncommitted changes; commit (or amend) them first")
     base = upstream_base(repo)

@@ -95,3 +95,23 @@ def test_slug_cuts_at_a_word_boundary():
         "health-add-a-progress-check-that-fails-when-active-work"
     )
     assert slugify("!!!") == "patch"
+
+
+def test_export_during_a_stopped_rebase_is_refused(project, make_patch, upstream_dir, store_env):
+    make_patch(upstream_dir, change_line_20, "core: change line 20")
+    make_patch(upstream_dir, lambda t: replace_line(t / "vllm" / "core.py", "line_5 = 5\n", "line_5 = 50\n"), "b")
+    assert run_apply(project, upstream_dir)[0] == 0
+    assert cli.main(["export-patches", "--project", str(project)]) == 0
+    before = snapshot(project / "patches")
+    repo = git.Repo(project / "build" / "patched")
+    base = repo.git.config("--get", "vllm-overlay.upstream")
+    # Stop at the first patch to edit it: HEAD is then only part of the series.
+    editor = {"GIT_SEQUENCE_EDITOR": "sed -i '1s/^pick/edit/'", **IDENTITY}
+    with repo.git.custom_environment(**editor):
+        repo.git.rebase("-i", base)
+    assert cli.main(["export-patches", "--project", str(project)]) == 2
+    assert snapshot(project / "patches") == before
+    with repo.git.custom_environment(**IDENTITY):
+        repo.git.rebase("--continue")
+    assert cli.main(["export-patches", "--project", str(project)]) == 0
+    assert snapshot(project / "patches") == before

@@ -38,11 +38,7 @@ def upstream_base(repo: git.Repo) -> str:
     store's other upstream tags, which are separate roots; hand-made clones often use ``upstream-*``.
     """
     head = repo.head.commit
-    tags = [
-        t
-        for t in repo.tags
-        if t.name.startswith(("upstream/", "upstream-")) and repo.is_ancestor(t.commit, head)
-    ]
+    tags = [t for t in repo.tags if t.name.startswith(("upstream/", "upstream-")) and repo.is_ancestor(t.commit, head)]
     if not tags:
         raise SystemExit(f"{repo.working_tree_dir}: no upstream/* or upstream-* tag below HEAD; pass --base")
     return max(tags, key=lambda t: t.commit.committed_date).name
