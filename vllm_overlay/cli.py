@@ -18,6 +18,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "with-patched-vllm": ("with_patched", "run a command with a patched tree laid over the installed vllm"),
     "build-image": ("build_image", "build the image: locked base + one layer per series, verified"),
     "verify-install": ("verify_install", "verify a site-packages against vllm's RECORD and an overlay manifest"),
+    "cache": ("cache", "list the cache; --prune removes test environments no current lock uses"),
     "ci-image": ("ci_image", "CI: build the Dockerfile on a local stand-in base with buildah, then tamper tests"),
 }
 

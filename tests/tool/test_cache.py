@@ -1,0 +1,58 @@
+"""cache: listing the cache and pruning test environments of other locks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from vllm_overlay import cache, cli, lock
+from vllm_overlay.store import Store
+
+
+def fake_environment(store: Store, key: str, payload: int) -> Path:
+    """A published environment as envs.ensure leaves it: a hidden build dir and a symlink to it."""
+    real = store.envs / f".{key}.123-456"
+    (real / "bin").mkdir(parents=True)
+    (real / "bin" / "python").write_bytes(b"x" * payload)
+    (store.envs / key).symlink_to(real.name)
+    (store.envs / f"{key}.build.log").write_text("log\n")
+    return real
+
+
+def test_prune_removes_other_locks_environments_and_unfinished_builds(project, store_env, capsys):
+    the_lock = lock.load(project / "upstream.lock")
+    store = Store()
+    current = cache.current_key(the_lock)
+    kept = fake_environment(store, current, 10)
+    stale = fake_environment(store, "0123456789abcdef01234567", 1000)
+    unfinished = store.envs / f".{current}.999-999"
+    unfinished.mkdir()
+    (unfinished / "partial").write_bytes(b"y" * 100)
+    (store.root / "downloads").mkdir()
+    (store.root / "downloads" / "a.tar.gz").write_bytes(b"z" * 7)
+
+    listed = {e.path.name: e for e in cache.entries(store, the_lock)}
+    assert listed[current].status == cache.CURRENT and listed[current].size == 10
+    assert listed["0123456789abcdef01234567"].status == cache.STALE and listed["0123456789abcdef01234567"].size == 1000
+    assert listed[unfinished.name].status == cache.ORPHAN
+    assert listed["downloads"].status == cache.KEPT and listed["downloads"].size == 7
+
+    assert cli.main(["cache", "--project", str(project), "--prune", "--dry-run"]) == 0
+    assert stale.exists() and unfinished.exists()
+    assert "would remove 3 item(s)" in capsys.readouterr().err
+
+    assert cli.main(["cache", "--project", str(project), "--prune"]) == 0
+    assert not stale.exists() and not (store.envs / "0123456789abcdef01234567").exists()
+    assert not (store.envs / "0123456789abcdef01234567.build.log").exists()
+    assert not unfinished.exists()
+    assert kept.exists() and (store.envs / current).resolve() == kept.resolve()
+    assert (store.envs / f"{current}.build.log").exists()
+    assert (store.root / "downloads" / "a.tar.gz").exists()
+
+
+def test_listing_an_empty_cache(project, store_env, capsys):
+    assert cli.main(["cache", "--project", str(project)]) == 0
+    assert "--prune would free 0.00 GB" in capsys.readouterr().err
+
+
+def test_dry_run_needs_prune(project, store_env):
+    assert cli.main(["cache", "--project", str(project), "--dry-run"]) == 2

@@ -1,0 +1,100 @@
+"""What the cache holds, and removing the test environments no current lock uses.
+
+A test environment is about 10 GB and is keyed by the lock, the pins and the Python version, so
+every upstream bump leaves the previous one behind. ``entries`` lists everything under the cache
+root with its size; ``prune`` removes the environments (and their build logs) whose key is not the
+current one, and hidden build directories that no published environment points to (left by an
+interrupted build). Downloads, the upstream repository, pristine baselines and the CI stand-in base
+are listed but never pruned here: they are small or shared across locks.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from vllm_overlay import envs
+from vllm_overlay.lock import Lock
+from vllm_overlay.store import Store
+
+CURRENT = "current"
+STALE = "stale"
+ORPHAN = "orphan"
+KEPT = "kept"
+
+
+@dataclass(frozen=True)
+class Entry:
+    path: Path
+    kind: str  # environment, build log, or a top-level cache folder
+    status: str  # current, stale, orphan, kept
+    size: int
+
+    @property
+    def removable(self) -> bool:
+        return self.status in (STALE, ORPHAN)
+
+
+def current_key(lock: Lock) -> str:
+    return envs.env_key(lock, envs.requirements(lock))
+
+
+def disk_usage(path: Path) -> int:
+    """Bytes of the files under ``path``; symbolic links are not followed."""
+    if path.is_symlink() or path.is_file():
+        return path.lstat().st_size
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:  # removed while walking
+                pass
+    return total
+
+
+def _environment_entries(store: Store, key: str) -> list[Entry]:
+    if not store.envs.is_dir():
+        return []
+    published = {link.resolve() for link in store.envs.iterdir() if link.is_symlink()}
+    entries = []
+    for path in sorted(store.envs.iterdir()):
+        if path.is_symlink():
+            status = CURRENT if path.name == key else STALE
+            entries.append(Entry(path, "environment", status, disk_usage(path.resolve())))
+        elif path.name.endswith(".build.log"):
+            status = CURRENT if path.name == f"{key}.build.log" else STALE
+            entries.append(Entry(path, "build log", status, disk_usage(path)))
+        elif path.name.startswith(".") and path.is_dir() and path.resolve() not in published:
+            entries.append(Entry(path, "unfinished build", ORPHAN, disk_usage(path)))
+    return entries
+
+
+def entries(store: Store, lock: Lock) -> list[Entry]:
+    """The environments one by one, then every other top-level folder of the cache."""
+    found = _environment_entries(store, current_key(lock))
+    if store.root.is_dir():
+        for path in sorted(store.root.iterdir()):
+            if path != store.envs and path.is_dir():
+                found.append(Entry(path, "cache folder", KEPT, disk_usage(path)))
+    return found
+
+
+def prune(store: Store, lock: Lock, dry_run: bool = False) -> list[Entry]:
+    """Remove the stale environments and unfinished builds; return what was (or would be) removed."""
+    with store.exclusive():  # no build or check may run while environments are removed
+        removable = [e for e in _environment_entries(store, current_key(lock)) if e.removable]
+        if dry_run:
+            return removable
+        for entry in removable:
+            if entry.path.is_symlink():
+                target = entry.path.resolve()
+                entry.path.unlink()
+                shutil.rmtree(target, ignore_errors=True)
+            elif entry.path.is_dir():
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                entry.path.unlink(missing_ok=True)
+    return removable
