@@ -12,6 +12,7 @@ import email.policy
 import re
 import subprocess
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -210,11 +211,19 @@ def series_names(patches: list[Patch]) -> list[str]:
     return seen
 
 
-def select(patches: list[Patch], only: str | None) -> list[Patch]:
-    """Patches named by ``--only``: a series name or a patch name (with or without .patch)."""
+def select(patches: list[Patch], only: str | Sequence[str] | None) -> list[Patch]:
+    """Patches named by ``--only`` (repeatable): series names or patch names (with or without .patch).
+
+    The result keeps the series order whatever order the names were given in.
+    """
     if not only:
         return patches
-    chosen = [p for p in patches if only in (p.series, p.name, p.name.removesuffix(".patch"), Path(p.name).stem)]
-    if not chosen:
-        raise SeriesError(f"--only {only!r} names no series or patch in patches/series")
-    return chosen
+    names = [only] if isinstance(only, str) else list(only)
+    for name in names:
+        if not any(_names(p, name) for p in patches):
+            raise SeriesError(f"--only {name!r} names no series or patch in patches/series")
+    return [p for p in patches if any(_names(p, name) for name in names)]
+
+
+def _names(patch: Patch, name: str) -> bool:
+    return name in (patch.series, patch.name, patch.name.removesuffix(".patch"), Path(patch.name).stem)

@@ -44,3 +44,14 @@ def test_select(project, make_patch, upstream_dir):
     assert series.select(patches, "core-change-line-20") == patches
     with pytest.raises(series.SeriesError):
         series.select(patches, "nope")
+
+
+def test_select_several_keeps_series_order(project, make_patch, upstream_dir):
+    make_patch(upstream_dir, change_line_20, "core: change line 20", series="first")
+    make_patch(upstream_dir, lambda t: (t / "vllm" / "extra.py").write_text("x = 1\n"), "add extra", series="second")
+    make_patch(upstream_dir, lambda t: (t / "vllm" / "more.py").write_text("y = 1\n"), "add more", series="third")
+    patches = series.load_series(project / "patches")
+    assert [p.series for p in series.select(patches, ["third", "first"])] == ["first", "third"]
+    assert series.select(patches, ["first", "first"]) == patches[:1]
+    with pytest.raises(series.SeriesError, match="'nope'"):
+        series.select(patches, ["first", "nope"])

@@ -32,7 +32,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-offset", action="store_true", help="accept hunks that apply at other lines")
     parser.add_argument("--allow-fuzz", action="store_true", help="accept hunks that apply only with reduced context")
     parser.add_argument("--3way", dest="three_way", action="store_true", help="accept patches that need a 3-way merge")
-    parser.add_argument("--only", default=None, help="apply only this series (or this patch and nothing else)")
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=None,
+        help="apply only this series (or this patch and nothing else); repeat for several",
+    )
     parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the machine-readable report")
     parser.add_argument(
         "--base-upstream",

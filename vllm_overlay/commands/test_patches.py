@@ -40,9 +40,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     project.add_project_argument(parser)
     parser.add_argument(
         "--only",
+        action="append",
         default=None,
         metavar="SERIES_OR_PATCH",
-        help="test only this series or patch (the patches before it are still applied as its prefix)",
+        help="test only this series or patch (the patches before it are still applied as its prefix); "
+        "repeat for several",
     )
     parser.add_argument(
         "--upstream",
