@@ -301,11 +301,15 @@ def _obtain_release(store: Store, lock: Lock, version: str, locked: bool) -> Ups
                 url = entry.url
             output.info(f"downloading {filename}")
             download(url, archive, sha256)
+            (store.downloads / f"{filename}.url").write_text(url + "\n")
         output.info(f"importing {filename} into the upstream cache")
         commit = _import_release_archive(store, archive, tag)[0]
         marker.write_text(f"{sha256} {commit}\n")
         (store.downloads / f"{filename}.sha256").write_text(sha256 + "\n")
     release_commit = version_field(_version_file_of_commit(repo, commit), COMMIT_ID_RE)
+    recorded_url = store.downloads / f"{filename}.url"
+    if url is None and recorded_url.is_file():  # cached: say where it was downloaded from
+        url = recorded_url.read_text().strip()
     return Upstream(
         kind="locked" if locked else "release",
         label=version,

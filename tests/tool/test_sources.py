@@ -112,6 +112,7 @@ def test_release_from_index_is_verified_and_cached(http_server, tmp_path, monkey
     again = sources.obtain("9.9.9", the_lock, Store())
     assert again.commit == upstream.commit
     assert calls == ["9.9.9"]  # the second call used the cache
+    assert upstream.origin == url and again.origin == url  # the cached one still says where it came from
 
 
 def test_directory_and_git_upstreams(tmp_path, store_env):
