@@ -85,14 +85,17 @@ def entries(store: Store, lock: Lock) -> list[Entry]:
 def prune(store: Store, lock: Lock, dry_run: bool = False) -> list[Entry]:
     """Remove the stale environments and unfinished builds; return what was (or would be) removed."""
     with store.exclusive():  # no build or check may run while environments are removed
-        removable = [e for e in _environment_entries(store, current_key(lock)) if e.removable]
+        key = current_key(lock)
+        removable = [e for e in _environment_entries(store, key) if e.removable]
         if dry_run:
             return removable
+        current = (store.envs / key).resolve()
         for entry in removable:
             if entry.path.is_symlink():
                 target = entry.path.resolve()
                 entry.path.unlink()
-                shutil.rmtree(target, ignore_errors=True)
+                if target != current:  # a stray link to the current environment goes, the environment stays
+                    shutil.rmtree(target, ignore_errors=True)
             elif entry.path.is_dir():
                 shutil.rmtree(entry.path, ignore_errors=True)
             else:

@@ -24,6 +24,8 @@ def test_prune_removes_other_locks_environments_and_unfinished_builds(project, s
     current = cache.current_key(the_lock)
     kept = fake_environment(store, current, 10)
     stale = fake_environment(store, "0123456789abcdef01234567", 1000)
+    stray_link = store.envs / f".{current}.link-42"  # left by a build killed mid-publication
+    stray_link.symlink_to(kept.name)
     unfinished = store.envs / f".{current}.999-999"
     unfinished.mkdir()
     (unfinished / "partial").write_bytes(b"y" * 100)
@@ -38,12 +40,12 @@ def test_prune_removes_other_locks_environments_and_unfinished_builds(project, s
 
     assert cli.main(["cache", "--project", str(project), "--prune", "--dry-run"]) == 0
     assert stale.exists() and unfinished.exists()
-    assert "would remove 3 item(s)" in capsys.readouterr().err
+    assert "would remove 4 item(s)" in capsys.readouterr().err
 
     assert cli.main(["cache", "--project", str(project), "--prune"]) == 0
     assert not stale.exists() and not (store.envs / "0123456789abcdef01234567").exists()
     assert not (store.envs / "0123456789abcdef01234567.build.log").exists()
-    assert not unfinished.exists()
+    assert not unfinished.exists() and not stray_link.is_symlink()
     assert kept.exists() and (store.envs / current).resolve() == kept.resolve()
     assert (store.envs / f"{current}.build.log").exists()
     assert (store.root / "downloads" / "a.tar.gz").exists()
