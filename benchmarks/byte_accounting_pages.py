@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import json
 import os
 import subprocess
@@ -43,15 +42,13 @@ import tempfile
 import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from unittest import mock
 
 REPO = Path(__file__).resolve().parent.parent
 RUNNER = REPO / "scripts" / "with-patched-vllm"
-
-HEAD_SIZE = 256
-NUM_KV_HEADS = 2
-INDEX_HEAD_DIM = 128
-COMPRESS_RATIO = 4
-ATTN_PREFIX = "model.layers.3.self_attn"
+# The scenario (model config, side caches, layers, seams) is the byte-accounting test's own.
+sys.path.insert(0, str(REPO / "tests" / "patches"))
+import qwen4_exp_hybrid as hybrid  # noqa: E402
 
 # (cache dtype, main attention layer)
 SCENARIOS = [
@@ -84,143 +81,30 @@ class PageReport:
     device_allocated_delta: int | None
 
 
-def _write_model_dir(path: Path) -> None:
-    from transformers import Qwen4ExpTextConfig
-
-    # GDN: conv (2*16*128 + 48*128) x 3 x 2 B + fp32 state 48 x 128 x 128 x 4 B
-    # = 3,207,168 B; rotary over 64 of 256 dims (what Octave's kernels take).
-    Qwen4ExpTextConfig(
-        vocab_size=256,
-        hidden_size=256,
-        intermediate_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=16,
-        num_key_value_heads=NUM_KV_HEADS,
-        head_dim=HEAD_SIZE,
-        layer_types=["linear_attention"] * 3 + ["full_attention"],
-        linear_num_key_heads=16,
-        linear_num_value_heads=48,
-        linear_key_head_dim=128,
-        linear_value_head_dim=128,
-        linear_conv_kernel_dim=4,
-        num_experts=4,
-        num_experts_per_tok=2,
-        eos_token_id=1,
-        hc_count=2,
-        hc_lowrank=4,
-        ple_layer_ids=[],
-        rope_parameters={
-            "rope_type": "default",
-            "rope_theta": 10000.0,
-            "partial_rotary_factor": 0.25,
-        },
-        architectures=["Qwen4ExpForCausalLM"],
-        torch_dtype="bfloat16",
-    ).save_pretrained(path)
-
-
-def _cpu_flashinfer_seams(stack: contextlib.ExitStack) -> None:
-    """Without a GPU, answer FlashInferImpl's device queries as an H200 would
-    and keep its multi-CTA counter on the CPU. Not used when CUDA is present."""
-    from unittest import mock
-
-    import torch
-
-    module = "vllm.v1.attention.backends.flashinfer"
-    stack.enter_context(mock.patch(f"{module}._nvfp4_kv_on_fa2", lambda: True))
-    stack.enter_context(mock.patch(f"{module}.get_device_sm_count", lambda device: 132))
-    stack.enter_context(
-        mock.patch(
-            f"{module}._get_multi_ctas_kv_counter_buffer",
-            lambda min_bytes, device: torch.zeros(min_bytes, dtype=torch.uint8),
-        )
-    )
-
-
 def _main_layer(vllm_config, kind: str, has_cuda: bool):
-    from torch import nn
-    from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
-
+    """The main attention layer: FlashInfer (NVFP4) or the vendor's QSA owner."""
     if kind == "flashinfer":
-        from vllm.model_executor.layers.attention import Attention
-        from vllm.v1.attention.backends.flashinfer import FlashInferBackend
-
         with contextlib.ExitStack() as stack:
             if not has_cuda:
-                _cpu_flashinfer_seams(stack)
-            return Attention(
-                num_heads=16,
-                head_size=HEAD_SIZE,
-                scale=HEAD_SIZE**-0.5,
-                num_kv_heads=NUM_KV_HEADS,
-                cache_config=vllm_config.cache_config,
-                prefix=f"{ATTN_PREFIX}.attn",
-                attn_backend=FlashInferBackend,
-            )
-
-    # The QSA owners' __init__ builds TP projections and the QSA/Octave impl;
-    # the planner and the allocator read only the backend and the KV spec, so
-    # the owner carries just the attributes its __init__ sets for those.
-    # The owner and model modules import each other: enter through the model.
-    vendor = "amd" if kind == "amd-qsa" else "nvidia"
-    importlib.import_module(f"vllm.models.qwen4_exp.{vendor}.model")
-    qsa = importlib.import_module(f"vllm.models.qwen4_exp.{vendor}.qsa")
-    owner = object.__new__(qsa.Qwen4ExpQSAAttention)
-    nn.Module.__init__(owner)
-    cache_dtype = vllm_config.cache_config.cache_dtype
-    owner.num_kv_heads = NUM_KV_HEADS
-    owner.head_dim = HEAD_SIZE
-    owner.kv_cache_dtype = cache_dtype
-    owner.kv_cache_torch_dtype = kv_cache_dtype_str_to_dtype(cache_dtype, vllm_config.model_config)
-    owner.attn_backend = qsa.Qwen4ExpQSAFlashAttentionBackend
-    context = vllm_config.compilation_config.static_forward_context
-    context[f"{ATTN_PREFIX}.attn"] = owner
-    return owner
+                for name, value in hybrid.flashinfer_device_answers().items():
+                    stack.enter_context(mock.patch(name, value))
+            return hybrid.flashinfer_attention(vllm_config)
+    return hybrid.qsa_owner(vllm_config, "amd" if kind == "amd-qsa" else "nvidia")
 
 
 def measure(cache_dtype: str, kind: str, model_dir: Path) -> PageReport:
     import torch
     import vllm
-    from vllm.config import (
-        CacheConfig,
-        DeviceConfig,
-        ModelConfig,
-        VllmConfig,
-        set_current_vllm_config,
-    )
-    from vllm.model_executor.models import ModelRegistry
-    from vllm.models.qwen4_exp.common.qsa_cache import (
-        QSACompressedKeyCache,
-        QSAKeyStateCache,
-    )
+    from vllm.config import set_current_vllm_config
     from vllm.platforms import current_platform
     from vllm.platforms.interface import Platform
-    from vllm.v1.worker.utils import customize_attention_spec
 
     has_cuda = torch.cuda.is_available()
     device = torch.device("cuda") if has_cuda else torch.device("cpu")
-    vllm_config = VllmConfig(
-        model_config=ModelConfig(model=str(model_dir), skip_tokenizer_init=True, dtype="bfloat16"),
-        cache_config=CacheConfig(
-            cache_dtype=cache_dtype,  # type: ignore[arg-type]
-            mamba_ssm_cache_dtype="float32",
-        ),
-        device_config=DeviceConfig(device=device.type),
-    )
+    vllm_config = hybrid.make_vllm_config(model_dir, cache_dtype, device=device.type)
     cache_config = vllm_config.cache_config
     with set_current_vllm_config(vllm_config):
-        for cache_cls, name in (
-            (QSAKeyStateCache, "raw_key_cache"),
-            (QSACompressedKeyCache, "compressed_key_cache"),
-        ):
-            cache_cls(
-                head_size=INDEX_HEAD_DIM,
-                dtype=torch.bfloat16,
-                cache_config=cache_config,
-                prefix=f"{ATTN_PREFIX}.indexer.{name}",
-                compress_ratio=COMPRESS_RATIO,
-                vllm_config=vllm_config,
-            )
+        hybrid.register_qsa_side_caches(vllm_config)
         layer = _main_layer(vllm_config, kind, has_cuda)
         backends = Platform._find_non_ssm_backends(vllm_config)
 
@@ -228,13 +112,8 @@ def measure(cache_dtype: str, kind: str, model_dir: Path) -> PageReport:
         # machine's platform may be CPU or unspecified) call that one directly.
         platform_cls = type(current_platform) if current_platform.is_cuda_alike() else Platform
         platform_cls.update_block_size_for_backend(vllm_config)
-
-        spec = customize_attention_spec(layer.get_attn_backend(), layer.get_kv_cache_spec(vllm_config))
-        model_cls, _ = ModelRegistry.resolve_model_cls(
-            vllm_config.model_config.architecture,
-            model_config=vllm_config.model_config,
-        )
-        recurrent = max(s.page_size_bytes for s in model_cls.get_mamba_specs_from_config(vllm_config))
+    spec = hybrid.allocated_spec(vllm_config, layer)
+    recurrent = hybrid.recurrent_page(vllm_config)
 
     padded = cache_config.mamba_page_size_padded or recurrent
     attn_page = spec.page_size_bytes
@@ -276,7 +155,7 @@ def run_here(scenarios: list[tuple[str, str]], failed: list[str]) -> list[PageRe
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp)
-        _write_model_dir(model_dir)
+        hybrid.write_model_dir(model_dir)
         reports = []
         for dtype, kind in scenarios:
             try:
@@ -328,17 +207,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", action="store_true", help="print JSON lines")
     parser.add_argument(
-        "--unspecified-platform",
-        action="store_true",
-        help="make vLLM's current_platform the UnspecifiedPlatform before the "
-        "measurement. For a CUDA machine without vLLM's compiled extensions: "
-        "with the CUDA platform, importing the Qwen4Exp model and "
-        "vllm.v1.worker.utils needs torch.ops._C and vllm_flash_attn's "
-        "_vllm_fa2_C/_vllm_fa3_C. The planner measured is then Platform's "
-        "update_block_size_for_backend, which CudaPlatform inherits unchanged; "
-        "the page tensors are still allocated on CUDA.",
-    )
-    parser.add_argument(
         "--cache-dtype",
         action="append",
         default=[],
@@ -368,14 +236,6 @@ def main(argv: list[str] | None = None) -> int:
             rc |= subprocess.call(cmd)
         return rc
 
-    if args.unspecified_platform:
-        import vllm.platforms
-        from vllm.platforms.interface import UnspecifiedPlatform
-
-        forced = UnspecifiedPlatform()
-        vllm.platforms._current_platform = forced
-        vllm.platforms.current_platform = forced
-        print("vLLM current_platform forced to UnspecifiedPlatform", file=sys.stderr)
     failed: list[str] = []
     reports = run_here(scenarios, failed)
     if args.json:

@@ -42,10 +42,15 @@ from __future__ import annotations
 import argparse
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
+
+# The real layer is built the way the series' tests build it (tests/patches/b12x_harness.py).
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "patches"))
 
 NUM_EXPERTS = 512
 HIDDEN = 2048
@@ -145,7 +150,7 @@ def grouped_moe(num_tokens: int, top_k: int, device: torch.device) -> Callable[[
 
 def measure(num_tokens: int, top_k: int, device: torch.device, ids_dtype: torch.dtype, reps: int) -> str:
     """One table row: the timings of one (tokens, top-k) point."""
-    from b12x_experts import make_experts
+    from b12x_harness import make_experts
 
     ids, weights = make_routes(num_tokens, top_k, device, ids_dtype)
     layer = make_experts(NUM_EXPERTS, top_k, HIDDEN, INTERMEDIATE, num_tokens, device=device.type)
@@ -199,7 +204,7 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    from b12x_experts import describe_vllm
+    from b12x_harness import describe_vllm
     from vllm.model_executor.layers.fused_moe.experts import flashinfer_b12x_moe
 
     shipped = flashinfer_b12x_moe._SANITIZE_ROUTES_BLOCK_SIZE

@@ -33,8 +33,12 @@ import argparse
 import dataclasses
 import json
 import sys
+from pathlib import Path
 
 import torch
+
+# The real layer is built the way the series' tests build it (tests/patches/b12x_harness.py).
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "patches"))
 
 MiB = 1024**2
 GiB = 1024**3
@@ -71,7 +75,7 @@ def main() -> int:
 
     import flashinfer
     import vllm
-    from b12x_experts import describe_vllm, make_experts
+    from b12x_harness import describe_vllm, make_experts
     from vllm.model_executor.layers.fused_moe.experts import flashinfer_b12x_moe
 
     cuda = args.device.startswith("cuda")

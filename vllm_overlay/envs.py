@@ -191,27 +191,11 @@ def _build(store: Store, lock: Lock, key: str, reqs: list[str], link: Path) -> E
     started = time.monotonic()
     try:
         with open(log, "w", encoding="utf-8") as handle:
+            pip = [str(real / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
             for command in (
                 [sys.executable, "-m", "venv", str(real)],
-                [
-                    str(real / "bin" / "python"),
-                    "-m",
-                    "pip",
-                    "install",
-                    "--disable-pip-version-check",
-                    "--no-input",
-                    "--upgrade",
-                    "pip",
-                ],
-                [
-                    str(real / "bin" / "python"),
-                    "-m",
-                    "pip",
-                    "install",
-                    "--disable-pip-version-check",
-                    "--no-input",
-                    *reqs,
-                ],
+                [*pip, "--upgrade", "pip"],
+                [*pip, *reqs],
             ):
                 handle.write("$ " + " ".join(command) + "\n")
                 handle.flush()

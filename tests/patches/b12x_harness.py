@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Shared CPU harness for the B12x MoE series (route-sanitization, workspace-reuse).
+"""Shared harness for the B12x MoE series (route-sanitization, workspace-reuse): their CPU tests
+and their GPU benchmarks build the real layer through ``make_experts``.
 
 The real vLLM ``FlashInferB12xExperts`` builds the real flashinfer ``B12xMoEWrapper``.
 ``cpu_wrapper_class`` is the one GPU seam both series need for construction: vLLM 0.33.0 builds the
@@ -39,6 +40,55 @@ def cpu_wrapper_class() -> type:
     return CpuAllocatedB12xMoEWrapper
 
 
+def make_experts(
+    num_experts: int,
+    top_k: int,
+    hidden: int,
+    intermediate: int,
+    max_num_tokens: int,
+    device: str = "cpu",
+    activation: MoEActivation = MoEActivation.SILU,
+) -> FlashInferB12xExperts:
+    """One real FlashInferB12xExperts of a MoE shape (NVFP4, the B12x backend's only quant scheme).
+
+    Its scales are ones of the NVFP4 shapes (CPU tensors): the route guard and the wrapper's
+    construction read the shape, not the values.
+    """
+    e = num_experts
+    moe_config = FusedMoEConfig(
+        num_experts=e,
+        experts_per_token=top_k,
+        hidden_dim=hidden,
+        intermediate_size=intermediate,
+        num_local_experts=e,
+        num_logical_experts=e,
+        moe_parallel_config=FusedMoEParallelConfig.make_no_parallel(),
+        activation=activation,
+        in_dtype=torch.bfloat16,
+        device=device,
+        routing_method=RoutingMethodType.TopK,
+        max_num_tokens=max_num_tokens,
+    )
+    w1_rows = intermediate * (2 if activation.is_gated else 1)
+    quant_config = nvfp4_moe_quant_config(
+        g1_alphas=torch.ones(e),
+        g2_alphas=torch.ones(e),
+        a1_gscale=torch.ones(e),
+        a2_gscale=torch.ones(e),
+        w1_scale=torch.ones(e, w1_rows, hidden // 16).to(torch.float8_e4m3fn),
+        w2_scale=torch.ones(e, hidden, intermediate // 16).to(torch.float8_e4m3fn),
+    )
+    return FlashInferB12xExperts(moe_config, quant_config)
+
+
+def describe_vllm() -> str:
+    """Which vLLM and which vLLM platform this process runs (for a benchmark's record)."""
+    import vllm
+    from vllm.platforms import current_platform
+
+    return f"vllm {vllm.__file__}; vLLM platform {type(current_platform).__name__}"
+
+
 class B12xLayer:
     """One real FlashInferB12xExperts with NVFP4-shaped CPU weights."""
 
@@ -55,42 +105,20 @@ class B12xLayer:
         self.top_k = top_k
         self.hidden = hidden
         self.activation = activation
-        moe_config = FusedMoEConfig(
-            num_experts=num_experts,
-            experts_per_token=top_k,
-            hidden_dim=hidden,
-            intermediate_size=intermediate,
-            num_local_experts=num_experts,
-            num_logical_experts=num_experts,
-            moe_parallel_config=FusedMoEParallelConfig.make_no_parallel(),
-            activation=activation,
-            in_dtype=torch.bfloat16,
-            device="cpu",
-            routing_method=RoutingMethodType.TopK,
-            max_num_tokens=max_num_tokens,
+        self.experts = make_experts(
+            num_experts, top_k, hidden, intermediate, max_num_tokens, device="cpu", activation=activation
         )
         e = num_experts
-        w1_rows = intermediate * (2 if activation.is_gated else 1)
-        w1_scale = torch.ones(e, w1_rows, hidden // 16).to(torch.float8_e4m3fn)
-        w2_scale = torch.ones(e, hidden, intermediate // 16).to(torch.float8_e4m3fn)
-        quant_config = nvfp4_moe_quant_config(
-            g1_alphas=torch.ones(e),
-            g2_alphas=torch.ones(e),
-            a1_gscale=torch.ones(e),
-            a2_gscale=torch.ones(e),
-            w1_scale=w1_scale,
-            w2_scale=w2_scale,
-        )
-        self.experts = FlashInferB12xExperts(moe_config, quant_config)
         self.experts.process_weights_after_loading(
             SimpleNamespace(
                 w13_weight=torch.empty(0),
-                w13_weight_scale=w1_scale,
+                w13_weight_scale=self.experts.w1_scale,
                 w13_weight_scale_2=torch.ones(e),
-                w2_weight_scale=w2_scale,
+                w2_weight_scale=self.experts.w2_scale,
                 w2_weight_scale_2=torch.ones(e),
             )
         )
+        w1_rows = intermediate * (2 if activation.is_gated else 1)
         self.w1 = torch.zeros(e, w1_rows, hidden // 2, dtype=torch.uint8)
         self.w2 = torch.zeros(e, hidden, intermediate // 2, dtype=torch.uint8)
 
