@@ -5,6 +5,7 @@
 # that consecutive calls on one warm machine carry (build/stage/pN, git-ignored).
 #
 #   benchmarks/device_carry.sh            # needs .whl/ (vLLM's pure-Python deps)
+#   APPLY_ARGS="--only route-sanitization" benchmarks/device_carry.sh   # one series only
 #
 # Contents of the tar:
 #   qual/vllm-base.tar.gz       vllm/ at the upstream tag of build/patched
@@ -16,7 +17,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PARTS=${PARTS:-4}
-scripts/apply-patches -o build/patched >/dev/null
+scripts/apply-patches -o build/patched ${APPLY_ARGS:-} >/dev/null
 tree=build/patched
 base=$(git -C $tree describe --tags --abbrev=0 --match 'upstream/*' HEAD)
 work=build/carry; rm -rf $work build/stage; mkdir -p $work/qual $work/wheels build/stage
