@@ -24,7 +24,7 @@ from pathlib import Path
 import git
 from tqdm import tqdm
 
-from vllm_overlay import output
+from vllm_overlay import atomicfile, output
 from vllm_overlay.lock import Lock
 from vllm_overlay.store import Store
 
@@ -142,8 +142,10 @@ def download(url: str, dest: Path, sha256: str, size: int | None = None) -> Path
         output.warn(f"cached {dest.name} does not match its sha256; downloading again")
         dest.unlink()
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
-    tmp = Path(tmp_name)
+    # Downloads run under the store's lock: a partial file of this name is a killed run's.
+    for partial in dest.parent.glob(f".{dest.name}.*.part"):
+        partial.unlink(missing_ok=True)
+    fd, tmp = atomicfile.create_temp(dest.parent, f".{dest.name}.", ".part")
     digest = hashlib.sha256()
     received = 0
     try:
