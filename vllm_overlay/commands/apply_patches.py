@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     proj = project.from_args(args)
     try:
         the_lock = lock.load(proj.lock_file)
-        patches = series.select(series.load_series(proj.patches), args.only)
+        patches = series.select(series.load_series(proj.patches, allow_empty=False), args.only)
         store = Store()
         upstream = sources.obtain(args.upstream, the_lock, store)
     except (lock.LockError, series.SeriesError, sources.SourceError) as exc:
