@@ -142,9 +142,6 @@ def download(url: str, dest: Path, sha256: str, size: int | None = None) -> Path
         output.warn(f"cached {dest.name} does not match its sha256; downloading again")
         dest.unlink()
     dest.parent.mkdir(parents=True, exist_ok=True)
-    # Downloads run under the store's lock: a partial file of this name is a killed run's.
-    for partial in dest.parent.glob(f".{dest.name}.*.part"):
-        partial.unlink(missing_ok=True)
     fd, tmp = atomicfile.create_temp(dest.parent, f".{dest.name}.", ".part")
     digest = hashlib.sha256()
     received = 0
@@ -269,6 +266,7 @@ def obtain(spec: str | None, lock: Lock, store: Store) -> Upstream:
     """Import the upstream named by ``spec`` into the store (cached) and describe it."""
     kind, value = parse_spec(spec)
     with store.exclusive():
+        store.remove_partial_downloads()  # a killed run's; every download runs under this lock
         if kind in ("locked", "release"):
             version = lock.version if kind == "locked" else value
             return _obtain_release(store, lock, version, locked=kind == "locked" or version == lock.version)

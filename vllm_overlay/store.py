@@ -50,3 +50,10 @@ class Store:
                 yield
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def remove_partial_downloads(self) -> list[Path]:
+        """Delete the ``.part`` files of downloads a killed run left. Call with the lock held."""
+        partial = sorted(self.downloads.glob(".*.part")) if self.downloads.is_dir() else []
+        for path in partial:
+            path.unlink(missing_ok=True)
+        return partial

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from tests.tool.test_apply import change_line_20, run_apply
-from vllm_overlay import sources
+from vllm_overlay import lock, sources
+from vllm_overlay.store import Store
 
 
 @pytest.fixture
@@ -31,16 +32,20 @@ def test_json_report_follows_the_umask(project, make_patch, upstream_dir, store_
     assert mode(project / "report.json") == 0o644
 
 
-def test_download_follows_the_umask_and_removes_partial_files(tmp_path, umask_022):
+def test_download_follows_the_umask(tmp_path, umask_022):
     served = tmp_path / "served.tar.gz"
     served.write_bytes(b"an sdist")
-    downloads = tmp_path / "downloads"
-    downloads.mkdir()
-    # What a download killed half-way leaves behind.
-    leftover = downloads / ".vllm-9.9.9.tar.gz.abcd1234.part"
-    leftover.write_bytes(b"an s")
-    dest = downloads / "vllm-9.9.9.tar.gz"
+    dest = tmp_path / "downloads" / "vllm-9.9.9.tar.gz"
     sources.download(served.as_uri(), dest, hashlib.sha256(b"an sdist").hexdigest())
     assert dest.read_bytes() == b"an sdist"
     assert mode(dest) == 0o644
-    assert sorted(p.name for p in downloads.iterdir()) == ["vllm-9.9.9.tar.gz"]
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["vllm-9.9.9.tar.gz"]
+
+
+def test_next_run_removes_a_killed_download(project, upstream_dir, store_env):
+    store = Store()
+    store.downloads.mkdir(parents=True)
+    leftover = store.downloads / ".vllm-0.33.0.tar.gz.abcd1234.part"  # what a kill mid-download leaves
+    leftover.write_bytes(b"half an sdist")
+    sources.obtain(str(upstream_dir), lock.load(project / "upstream.lock"), store)
+    assert not leftover.exists()

@@ -67,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
             return _run(args, proj, target)
         except apply.Interrupted as exc:
             published = exc.published
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # while obtaining the upstream: end the git it may have started
+            interrupts.end_child_processes()
             published = False
     output.error(f"interrupted; {target} " + ("already holds the new tree" if published else "unchanged"))
     return 130
