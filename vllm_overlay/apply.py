@@ -9,6 +9,7 @@ never leaves a half-applied tree behind and the next run removes whatever a kill
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -200,7 +201,10 @@ def _apply_locked(
         raise Interrupted(output, published) from None
     finally:
         if area is not None:
-            area.remove()
+            # A second Ctrl-C cuts only this tidy-up short (the next run finishes it); what was
+            # published or interrupted is already decided.
+            with contextlib.suppress(KeyboardInterrupt):
+                area.remove()
 
 
 def _apply_in(

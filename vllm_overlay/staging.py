@@ -102,9 +102,13 @@ class StagingArea:
         return self.root / "mails"
 
     def remove(self) -> None:
-        """Remove the area (and the old tree an exchange left in it); signals wait until it is gone."""
-        with interrupts.deferred():
+        """Remove the area (and the old tree an exchange left in it), then give up its ownership.
+
+        Ctrl-C may cut the removal short: what is left has no owner then, and the next run removes it.
+        """
+        try:
             shutil.rmtree(self.root, ignore_errors=True)
+        finally:
             os.close(self.owner_fd)
 
 

@@ -164,3 +164,10 @@ def test_second_run_never_touches_a_live_run(built, project, upstream_dir, stop_
     assert (area / "tree" / ".git").is_dir()  # the first run's staging clone is still there
     first.terminate()
     assert first.wait(timeout=60) == 130
+
+
+def test_two_rename_publish_where_no_exchange_is_possible(built, project, upstream_dir, monkeypatch):
+    monkeypatch.setattr(staging, "_renameat2_exchange", lambda a, b: False)  # a file system without it
+    assert run_apply(project, upstream_dir)[0] == 0
+    assert "line_5 = 50\n" in (built / "vllm/core.py").read_text()
+    assert beside(built) == [".patched.lock", "patched"]

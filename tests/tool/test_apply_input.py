@@ -18,7 +18,8 @@ def built(project, make_patch, upstream_dir, store_env):
 
 
 def apply_code(project, upstream_dir) -> int:
-    return cli.main(["apply-patches", "--project", str(project), "--upstream", str(upstream_dir)])
+    where = ["--project", str(project), "--upstream", str(upstream_dir), "--base-upstream", str(upstream_dir)]
+    return cli.main(["apply-patches", *where])
 
 
 def head(project) -> str:
