@@ -19,6 +19,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import git
+
 from vllm_overlay import apply, interrupts, lock, output, project, rebase, report, series, sources
 from vllm_overlay.audit import DRIFTING
 from vllm_overlay.store import Store
@@ -103,6 +105,9 @@ def _run(args: argparse.Namespace, proj: project.Project, target: Path) -> int:
     except (apply.ApplyError, sources.SourceError) as exc:
         output.error(str(exc))
         return 2
+    except git.GitCommandError as exc:  # not a patch's fault (that is a status): the machine's
+        output.error(f"git failed: {' '.join(map(str, exc.command))}: {str(exc.stderr).strip()}; {target} unchanged")
+        return 2
     try:
         if upstream.kind != "locked":
             base = base_upstream(args.base_upstream, the_lock, store, upstream)
@@ -110,6 +115,9 @@ def _run(args: argparse.Namespace, proj: project.Project, target: Path) -> int:
         output.result(report.apply_table(result))
         if args.json:
             report.write_json(result.to_json(), args.json)
+    except sources.SourceError as exc:
+        output.error(f"{exc} (the patched tree was written: {target})")
+        return 2
     except KeyboardInterrupt:
         raise apply.Interrupted(target, result.published) from None
     return 0 if result.ok else 1
