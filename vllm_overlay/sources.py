@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from vllm_overlay import atomicfile, output
 from vllm_overlay.lock import Lock
-from vllm_overlay.store import Store
+from vllm_overlay.store import UNPACK_PREFIX, Store
 
 DEFAULT_INDEX = "https://pypi.org/simple"
 VERSION_RE = re.compile(r"^\d+(\.\d+)*([._-]?(a|b|rc|post|dev)\d*)*$")
@@ -243,7 +243,9 @@ def import_tree(store: Store, tree: Path, tag: str, message: str) -> str:
 
 
 def _import_release_archive(store: Store, archive: Path, tag: str) -> tuple[str, Path]:
-    with tempfile.TemporaryDirectory(prefix="vllm-overlay-unpack-") as tmp:
+    # Unpacked inside the store (under its lock), so a killed import's tree is removed with the
+    # store's other leftovers rather than staying in /tmp.
+    with tempfile.TemporaryDirectory(prefix=UNPACK_PREFIX, dir=store.root) as tmp:
         top = unpack_sdist(archive, Path(tmp))
         commit = import_tree(store, top, tag, f"upstream: {archive.name}")
         return commit, top
@@ -266,7 +268,7 @@ def obtain(spec: str | None, lock: Lock, store: Store) -> Upstream:
     """Import the upstream named by ``spec`` into the store (cached) and describe it."""
     kind, value = parse_spec(spec)
     with store.exclusive():
-        store.remove_partial_downloads()  # a killed run's; every download runs under this lock
+        store.remove_leftovers()  # a killed run's; downloads and imports run under this lock
         if kind in ("locked", "release"):
             version = lock.version if kind == "locked" else value
             return _obtain_release(store, lock, version, locked=kind == "locked" or version == lock.version)

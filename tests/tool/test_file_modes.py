@@ -42,10 +42,12 @@ def test_download_follows_the_umask(tmp_path, umask_022):
     assert sorted(p.name for p in dest.parent.iterdir()) == ["vllm-9.9.9.tar.gz"]
 
 
-def test_next_run_removes_a_killed_download(project, upstream_dir, store_env):
+def test_next_run_removes_a_killed_download_and_import(project, upstream_dir, store_env):
     store = Store()
     store.downloads.mkdir(parents=True)
     leftover = store.downloads / ".vllm-0.33.0.tar.gz.abcd1234.part"  # what a kill mid-download leaves
     leftover.write_bytes(b"half an sdist")
+    unpacking = store.root / ".unpack-abcd1234" / "vllm-0.33.0"  # what a kill mid-import leaves
+    unpacking.mkdir(parents=True)
     sources.obtain(str(upstream_dir), lock.load(project / "upstream.lock"), store)
-    assert not leftover.exists()
+    assert not leftover.exists() and not unpacking.parent.exists()
