@@ -167,8 +167,7 @@ def apply_series(
     output = output.resolve()
     output.parent.mkdir(parents=True, exist_ok=True)
     try:
-        lock = staging.output_lock(output, wait=wait, on_wait=on_wait)
-        with lock:
+        with staging.output_lock(output, wait=wait, on_wait=on_wait):
             return _apply_locked(output, patches, upstream, checkout, options, progress, publish_partial, seed_base)
     except staging.OutputBusy as exc:
         raise OutputBusy(str(exc)) from None
