@@ -1,7 +1,8 @@
 """Concurrent, killed and interrupted runs: the previous output stays whole, leftovers go, no traceback.
 
-The runs that must die or be signalled are real subprocesses. A stand-in ``git`` (first on PATH)
-stops at ``git am`` so a run can be caught while a git child is running.
+The runs that must die or be signalled are real processes (forked, to skip an interpreter's
+start-up; the one that must wait on a lock this process holds is a fresh subprocess). A stand-in
+``git`` (first on PATH) stops at ``git am`` so a run can be caught while a git child is running.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import git
@@ -30,6 +32,40 @@ def cli_process(project: Path, upstream: Path, *extra: str, env: dict[str, str] 
     argv = [sys.executable, "-m", "vllm_overlay.cli", "apply-patches", "--project", str(project)]
     argv += ["--upstream", str(upstream), "--base-upstream", str(upstream), *extra]
     return subprocess.Popen(argv, cwd=REPO_ROOT, env=dict(os.environ, **(env or {})), stderr=subprocess.PIPE, text=True)
+
+
+class Forked:
+    """``cli.main(argv)`` in a forked child: a real process to kill or signal, without an interpreter's start-up."""
+
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
+        read, write = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:  # the child: never returns into pytest
+            code = 1
+            try:
+                os.dup2(write, 2)
+                sys.stderr = open(2, "w", buffering=1, closefd=False)
+                sys.stdout = open(os.devnull, "w")
+                os.environ.update(env or {})
+                code = cli.main(argv)
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        os.close(write)
+        self.stderr = os.fdopen(read, "r")
+
+    def wait(self) -> tuple[int, str]:
+        """Exit code (negative: killed by that signal) and everything it wrote to stderr."""
+        err = self.stderr.read()
+        return os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1]), err
+
+    def running(self) -> bool:
+        return os.waitpid(self.pid, os.WNOHANG)[0] == 0
+
+
+def apply_argv(project: Path, upstream: Path) -> list[str]:
+    return ["apply-patches", "--project", str(project), "--upstream", str(upstream), "--base-upstream", str(upstream)]
 
 
 def no_wait_argv(project: Path, upstream: Path) -> list[str]:
@@ -67,10 +103,10 @@ def stop_at_am(tmp_path) -> tuple[dict[str, str], Path]:
     return {"PATH": f"{bin_dir}:{os.environ['PATH']}", "GIT_PYTHON_GIT_EXECUTABLE": str(wrapper)}, marker
 
 
-def wait_for(path: Path, process: subprocess.Popen) -> int:
+def wait_for(path: Path, process: Forked) -> int:
     deadline = time.monotonic() + 60
     while not path.exists() or not path.read_text().strip():
-        assert process.poll() is None, process.stderr.read() if process.stderr else ""
+        assert process.running(), "the run ended before it reached git am"
         assert time.monotonic() < deadline
         time.sleep(0.02)
     return int(path.read_text())
@@ -87,9 +123,8 @@ def alive(pid: int) -> bool:
 @pytest.mark.parametrize("phase", ["checked-out", "committed", "publish", "published"])
 def test_killed_run_leaves_the_output_whole_and_the_next_run_cleans_up(built, project, upstream_dir, phase):
     before = snapshot(built)
-    process = cli_process(project, upstream_dir, env={faults.KILL_AT_ENV: phase})
-    process.communicate(timeout=120)
-    assert process.returncode == -signal.SIGKILL
+    code, _err = Forked(apply_argv(project, upstream_dir), env={faults.KILL_AT_ENV: phase}).wait()
+    assert code == -signal.SIGKILL
     if phase == "published":  # the exchange happened: the output is the new tree, whole
         after = snapshot(built)
         assert after[0] != before[0] and after[1] == "" and "line_5 = 50\n" in after[2]
@@ -104,11 +139,11 @@ def test_killed_run_leaves_the_output_whole_and_the_next_run_cleans_up(built, pr
 def test_interrupted_run_says_one_line_and_ends_its_git(built, project, upstream_dir, stop_at_am, sig):
     before = snapshot(built)
     env, marker = stop_at_am
-    process = cli_process(project, upstream_dir, env=env)
+    process = Forked(apply_argv(project, upstream_dir), env=env)
     child = wait_for(marker, process)
-    process.send_signal(sig)
-    _out, err = process.communicate(timeout=60)
-    assert process.returncode == 130
+    os.kill(process.pid, sig)
+    code, err = process.wait()
+    assert code == 130
     assert err.splitlines()[-1] == f"error: interrupted; {built} unchanged"
     assert "Traceback" not in err
     assert not alive(child)
@@ -156,14 +191,14 @@ def test_next_run_removes_a_tree_a_killed_publish_retired(built, project, upstre
 
 def test_second_run_never_touches_a_live_run(built, project, upstream_dir, stop_at_am, capsys):
     env, marker = stop_at_am
-    first = cli_process(project, upstream_dir, env=env)
+    first = Forked(apply_argv(project, upstream_dir), env=env)
     wait_for(marker, first)
     (area,) = [p for p in built.parent.iterdir() if p.name.startswith(".patched.staging-")]
     assert cli.main(no_wait_argv(project, upstream_dir)) == 2
     assert f"is being written by pid {first.pid}" in capsys.readouterr().err
     assert (area / "tree" / ".git").is_dir()  # the first run's staging clone is still there
-    first.terminate()
-    assert first.wait(timeout=60) == 130
+    os.kill(first.pid, signal.SIGTERM)
+    assert first.wait()[0] == 130
 
 
 def test_two_rename_publish_where_no_exchange_is_possible(built, project, upstream_dir, monkeypatch):
