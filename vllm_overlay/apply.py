@@ -1,55 +1,28 @@
 """The strict apply engine: the series onto a fresh upstream checkout, one commit per patch.
 
-Every patch gets exactly one status, decided by git itself before the patch is committed (a 3-way
-merge can only be tried for real, so that trial is rolled back):
-
-    clean             every hunk applies at its recorded line
-    offset            every hunk applies, some at other lines (refused unless --allow-offset)
-    merged-3way       applies only through a 3-way merge (refused unless --3way)
-    fuzz              applies only with reduced context and no 3-way merge is possible
-                      (refused unless --allow-fuzz)
-    conflict          does not apply, not even through a 3-way merge
-    already-upstream  the patch reverse-applies: upstream already carries the change
-    target-missing    a file the patch modifies does not exist upstream
-
-The work happens in a staging clone beside the output directory. Only when every patch was
-accepted does the staging clone replace the output directory, so a failed or interrupted run
-never leaves a half-applied tree behind, and the next run starts from a fresh clone.
+Every patch gets exactly one status (``classify``), decided by git before the patch is committed;
+only the statuses ``Options`` accepts are committed. The work happens in a staging area beside
+the output directory, under the output's lock (``staging``): only when every patch was accepted
+does the staging clone replace the output, in one step, so a refused, killed or interrupted run
+never leaves a half-applied tree behind and the next run removes whatever a killed one left.
 """
 
 from __future__ import annotations
 
-import enum
-import os
-import re
-import shutil
+import contextlib
 import tempfile
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import git
 
-from vllm_overlay import paths
-from vllm_overlay.series import PATCH_FILE_TRAILER, Patch
+from vllm_overlay import faults, interrupts, paths, staging
+from vllm_overlay.classify import FUZZ_CONTEXT, PatchResult, Status, apply_check, classify
+from vllm_overlay.series import PATCH_FILE_TRAILER, Patch, as_git_am_reads
 from vllm_overlay.sources import Upstream
 
 CONFIG_UPSTREAM = "vllm-overlay.upstream"
-HUNK_OK_RE = re.compile(r"^Hunk #(\d+) succeeded at (\d+)(?: \(offset (-?\d+) lines?\))?\.", re.M)
-CONTEXT_REDUCED_RE = re.compile(r"^Context reduced to \((\d+)/(\d+)\) to apply fragment at (\d+)", re.M)
-CHECKING_RE = re.compile(r"^Checking patch (.+)\.\.\.$", re.M)
-FAILED_AT_RE = re.compile(r"^error: patch failed: (.+):(\d+)$", re.M)
-FUZZ_CONTEXT = 1
-
-
-class Status(enum.StrEnum):
-    CLEAN = "clean"
-    OFFSET = "offset"
-    FUZZ = "fuzz"
-    MERGED_3WAY = "merged-3way"
-    CONFLICT = "conflict"
-    ALREADY_UPSTREAM = "already-upstream"
-    TARGET_MISSING = "target-missing"
 
 
 @dataclass(frozen=True)
@@ -64,35 +37,6 @@ class Options:
             Status.FUZZ: self.allow_fuzz,
             Status.MERGED_3WAY: self.three_way,
         }.get(status, False)
-
-
-@dataclass
-class HunkNote:
-    file: str
-    hunk: int  # 1-based index within the file
-    recorded_line: int  # where the patch says the hunk starts (old side)
-    note: str  # "offset +4", "fuzz (context 2/3)", "does not apply", "missing file", ...
-
-    def __str__(self) -> str:
-        return f"{self.file} hunk #{self.hunk} (line {self.recorded_line}): {self.note}"
-
-
-@dataclass
-class PatchResult:
-    name: str
-    series: str
-    subject: str
-    status: Status
-    accepted: bool
-    hunks: list[HunkNote] = field(default_factory=list)
-    detail: str = ""
-    commit: str | None = None
-    warnings: list[str] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, object]:
-        data = asdict(self)
-        data["status"] = str(self.status)
-        return data
 
 
 @dataclass
@@ -120,155 +64,54 @@ class Report:
 
 
 class ApplyError(RuntimeError):
-    """A patch was rejected before any status could be decided (unsafe paths, bad file)."""
+    """The run was refused before any status could be decided (unsafe paths, output busy)."""
 
 
-def _git_check(repo: git.Repo, patch_file: Path, *flags: str) -> tuple[int, str]:
-    status, _out, err = repo.git.apply(
-        "--check", "--verbose", *flags, str(patch_file), with_extended_output=True, with_exceptions=False
-    )
-    return status, err
+class OutputBusy(ApplyError):
+    """Another run is writing the output and ``wait`` was off."""
 
 
-def _recorded_starts(patch: Patch) -> dict[tuple[str, int], int]:
-    starts: dict[tuple[str, int], int] = {}
-    for patched in patch.diff:
-        for index, hunk in enumerate(patched, start=1):
-            starts[(patched.path, index)] = hunk.source_start
-    return starts
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM stopped the run; ``published`` says whether the output was already replaced."""
+
+    def __init__(self, output: Path, published: bool) -> None:
+        super().__init__(str(output))
+        self.output = output
+        self.published = published
 
 
-def _notes_from_success(patch: Patch, stderr: str) -> list[HunkNote]:
-    """Hunk notes from git's verbose output: offsets, and fuzz ("Context reduced") per hunk.
+def write_mails(patches: list[Patch], directory: Path) -> list[Path]:
+    """Each patch's mail as git reads it, one file each: classification and commit read the same bytes.
 
-    git prints "Hunk #N succeeded at L (offset K lines)." and, when it had to drop context,
-    "Context reduced to (a/b) ..." right after it; with reduced context the offset git prints is
-    relative to the trimmed hunk, so for such a hunk only the fuzz note is kept.
+    The copies also keep the run independent of the patch files being edited while it runs.
     """
-    starts = _recorded_starts(patch)
-    notes: dict[tuple[str, int], HunkNote] = {}
-    current_file = ""
-    last: tuple[str, int] | None = None
-    for line in stderr.splitlines():
-        checking = CHECKING_RE.match(line)
-        if checking:
-            current_file = checking.group(1)
-            continue
-        succeeded = HUNK_OK_RE.match(line)
-        if succeeded:
-            hunk, offset = int(succeeded.group(1)), succeeded.group(3)
-            last = (current_file, hunk)
-            if offset and int(offset) != 0:
-                notes[last] = HunkNote(current_file, hunk, starts.get(last, 0), f"offset {int(offset):+d}")
-            continue
-        reduced = CONTEXT_REDUCED_RE.match(line)
-        if reduced:
-            key = last or (current_file, 0)
-            notes[key] = HunkNote(
-                key[0],
-                key[1],
-                starts.get(key, 0),
-                f"fuzz: context reduced to {reduced.group(1)}/{reduced.group(2)}, applies at line {reduced.group(3)}",
-            )
-    return list(notes.values())
+    mails = []
+    for index, patch in enumerate(patches, start=1):
+        mail = directory / f"{index:04d}.patch"
+        mail.write_bytes(as_git_am_reads(patch.raw))
+        mails.append(mail)
+    return mails
 
 
-def _failing_hunks(repo: git.Repo, patch: Patch, scratch: Path) -> list[HunkNote]:
-    """Check every hunk on its own (unidiff splits them) to name each one that does not apply."""
-    notes: list[HunkNote] = []
-    for patched in patch.diff:
-        header = "".join(f"{line}\n" for line in str(patched.patch_info).splitlines())
-        header += f"--- {patched.source_file}\n+++ {patched.target_file}\n"
-        for index, hunk in enumerate(patched, start=1):
-            single = scratch / f"hunk-{index}.patch"
-            single.write_text(header + str(hunk), encoding="utf-8")
-            status, _ = _git_check(repo, single, "--recount")
-            if status != 0:
-                notes.append(HunkNote(patched.path, index, hunk.source_start, "does not apply"))
-    return notes
-
-
-def _missing_targets(repo: git.Repo, patch: Patch) -> list[HunkNote]:
-    root = Path(repo.working_tree_dir or ".")
-    notes = []
-    for patched in patch.diff:
-        if patched.is_added_file:
-            continue
-        if not (root / patched.path).exists():
-            notes.append(HunkNote(patched.path, 0, 0, "file does not exist upstream"))
-    return notes
-
-
-def _three_way_succeeds(repo: git.Repo, patch_file: Path) -> bool:
-    """Try ``git am --3way`` for real, then roll back: git has no dry-run for a 3-way merge."""
-    head = repo.head.commit.hexsha
-    status, _out, _err = repo.git.am(
-        "--3way", "--quiet", str(patch_file), with_extended_output=True, with_exceptions=False
-    )
-    if status != 0:
-        repo.git.am("--abort", with_exceptions=False)
-    repo.git.reset("--hard", "--quiet", head)
-    repo.git.clean("-fdq")
-    return status == 0
-
-
-def classify(repo: git.Repo, patch: Patch) -> PatchResult:
-    """Decide a patch's status against the repository's current tree without changing it."""
-    base = dict(name=patch.name, series=patch.series, subject=patch.subject, accepted=False)
-    status, err = _git_check(repo, patch.path)
-    if status == 0:
-        notes = _notes_from_success(patch, err)
-        return PatchResult(status=Status.OFFSET if notes else Status.CLEAN, hunks=notes, **base)
-    reverse_status, _ = _git_check(repo, patch.path, "--reverse")
-    if reverse_status == 0:
-        return PatchResult(
-            status=Status.ALREADY_UPSTREAM,
-            detail="the patch reverse-applies: upstream already contains this change",
-            **base,
-        )
-    missing = _missing_targets(repo, patch)
-    if missing:
-        return PatchResult(status=Status.TARGET_MISSING, hunks=missing, detail="a modified file is missing", **base)
-    with tempfile.TemporaryDirectory(prefix="vllm-overlay-hunks-") as tmp:
-        failing = _failing_hunks(repo, patch, Path(tmp))
-    # A 3-way merge is tried before fuzz: it resolves against the exact blobs the patch was made
-    # on, where fuzz only drops context lines and hopes. Fuzz remains for patches whose preimage
-    # blobs are unknown to the repository.
-    if _three_way_succeeds(repo, patch.path):
-        return PatchResult(status=Status.MERGED_3WAY, hunks=failing, detail="applies through a 3-way merge", **base)
-    fuzz_status, fuzz_err = _git_check(repo, patch.path, f"-C{FUZZ_CONTEXT}")
-    if fuzz_status == 0:
-        notes = [n for n in _notes_from_success(patch, fuzz_err) if n.note.startswith("fuzz")]
-        return PatchResult(
-            status=Status.FUZZ, hunks=notes or failing, detail="applies only with reduced context", **base
-        )
-    return PatchResult(status=Status.CONFLICT, hunks=failing, detail=_first_error(err), **base)
-
-
-def _first_error(stderr: str) -> str:
-    match = FAILED_AT_RE.search(stderr)
-    return f"patch failed at {match.group(1)}:{match.group(2)}" if match else stderr.strip().splitlines()[-1:][0]
-
-
-def commit_patch(repo: git.Repo, patch: Patch, status: Status) -> str:
-    """Apply an accepted patch with ``git am`` and record which file it came from."""
+def commit_patch(repo: git.Repo, patch: Patch, mail: Path, status: Status) -> str:
+    """Apply an accepted patch (read from ``mail``) with ``git am`` and record which file it came from."""
     flags = ["--quiet", "--keep-cr"]
     if status is Status.FUZZ:
         flags.append(f"-C{FUZZ_CONTEXT}")
     if status is Status.MERGED_3WAY:
         flags.append("--3way")
-    env = _committer_env(repo, patch)
-    with repo.git.custom_environment(**env):
-        repo.git.am(*flags, str(patch.path))
+    with repo.git.custom_environment(**_committer_env(repo, mail)):
+        repo.git.am(*flags, str(mail))
         repo.git.commit(
             "--amend", "--quiet", "--no-edit", "--no-verify", f"--trailer={PATCH_FILE_TRAILER}: {patch.name}"
         )
     return repo.head.commit.hexsha
 
 
-def _committer_env(repo: git.Repo, patch: Patch) -> dict[str, str]:
+def _committer_env(repo: git.Repo, mail: Path) -> dict[str, str]:
     """Committer = author, at the author's date: the same series gives the same commit ids."""
-    author = repo.git.execute(["git", "mailinfo", "/dev/null", "/dev/null"], istream=open(patch.path, "rb"))
+    with open(mail, "rb") as handle:
+        author = repo.git.execute(["git", "mailinfo", "/dev/null", "/dev/null"], istream=handle)
     fields = dict(line.split(": ", 1) for line in author.splitlines() if ": " in line)
     return {
         "GIT_COMMITTER_NAME": fields.get("Author", "vllm-overlay"),
@@ -288,34 +131,15 @@ def seed_preimages(repo: git.Repo, base_commit: str, patches: list[Patch]) -> in
     """
     replayed = 0
     with tempfile.TemporaryDirectory(prefix="vllm-overlay-seed-") as tmp:
-        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
-        with repo.git.custom_environment(**env):
+        mails = write_mails(patches, Path(tmp))
+        with repo.git.custom_environment(GIT_INDEX_FILE=str(Path(tmp) / "index")):
             repo.git.read_tree(base_commit)
-            for patch in patches:
+            for mail in mails:
                 status, _out, _err = repo.git.apply(
-                    "--cached", str(patch.path), with_extended_output=True, with_exceptions=False
+                    "--cached", str(mail), with_extended_output=True, with_exceptions=False
                 )
                 replayed += status == 0
     return replayed
-
-
-def staging_dir(output: Path) -> Path:
-    return output.parent / f".{output.name}.staging-{os.getpid()}"
-
-
-def remove_stale_staging(output: Path) -> None:
-    """Delete staging clones left behind by interrupted runs."""
-    for stale in output.parent.glob(f".{output.name}.staging-*"):
-        shutil.rmtree(stale, ignore_errors=True)
-
-
-def publish(staging: Path, output: Path) -> None:
-    """Replace ``output`` with ``staging`` in two renames; the old tree is gone only afterwards."""
-    retired = output.parent / f".{output.name}.retired-{os.getpid()}"
-    if output.exists():
-        os.replace(output, retired)
-    os.replace(staging, output)
-    shutil.rmtree(retired, ignore_errors=True)
 
 
 def apply_series(
@@ -327,6 +151,8 @@ def apply_series(
     progress: Callable[[int, int, str], None] | None = None,
     publish_partial: bool = False,
     seed_base: Callable[[], str | None] | None = None,
+    wait: bool = True,
+    on_wait: Callable[[int | None], None] | None = None,
 ) -> Report:
     """Apply ``patches`` onto ``upstream`` into ``output``.
 
@@ -334,38 +160,86 @@ def apply_series(
     by the audit, which wants the accepted part for a range-diff) is set. ``seed_base`` returns
     the upstream commit the series was written for; it is called only when a patch does not
     apply cleanly, and the blobs a 3-way merge needs are then recreated (``seed_preimages``).
+    Another run on the same output is waited for (``on_wait`` is told its pid) or, with ``wait``
+    off, refused with OutputBusy. Ctrl-C or SIGTERM raise Interrupted after the staging area is
+    removed and the git processes still running are ended.
     """
     output = output.resolve()
     output.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_staging(output)
-    staging = staging_dir(output)
-    results: list[PatchResult] = []
     try:
-        repo = checkout(staging)
-        repo.git.config(CONFIG_UPSTREAM, upstream.commit)
-        seeded = False
-        tree_root = Path(repo.working_tree_dir or staging)
-        for index, patch in enumerate(patches, start=1):
-            if progress:
-                progress(index, len(patches), patch.name)
-            problems = paths.problems(patch, tree_root)
-            if problems:
-                raise ApplyError(f"{patch.name}: refused: " + "; ".join(problems))
-            if not seeded and seed_base is not None and _git_check(repo, patch.path)[0] != 0:
-                seeded = True
-                base_commit = seed_base()
-                if base_commit and base_commit != upstream.commit:
-                    # The base may have been imported into the store after this clone was made.
-                    repo.git.fetch("--quiet", "origin", "+refs/tags/*:refs/tags/*")
-                    seed_preimages(repo, base_commit, patches)
-            result = classify(repo, patch)
-            result.accepted = options.accepts(result.status)
-            if result.accepted:
-                result.commit = commit_patch(repo, patch, result.status)
-            results.append(result)
-        published = publish_partial or all(r.accepted for r in results)
-        if published:
-            publish(staging, output)
+        with staging.output_lock(output, wait=wait, on_wait=on_wait):
+            return _apply_locked(output, patches, upstream, checkout, options, progress, publish_partial, seed_base)
+    except staging.OutputBusy as exc:
+        raise OutputBusy(str(exc)) from None
+
+
+def _apply_locked(
+    output: Path,
+    patches: list[Patch],
+    upstream: Upstream,
+    checkout: Callable[[Path], git.Repo],
+    options: Options,
+    progress: Callable[[int, int, str], None] | None,
+    publish_partial: bool,
+    seed_base: Callable[[], str | None] | None,
+) -> Report:
+    published = False
+    area: staging.StagingArea | None = None
+    try:
+        faults.phase("locked")
+        staging.remove_leftovers(output)
+        area = staging.create_staging(output)
+        results = _apply_in(area, patches, upstream, checkout, options, progress, seed_base)
+        if publish_partial or all(r.accepted for r in results):
+            with interrupts.deferred():  # a signal during publish arrives once ``published`` is true
+                staging.publish(area, output)
+                published = True
         return Report(upstream=upstream, output=str(output), results=results, published=published)
+    except KeyboardInterrupt:
+        interrupts.end_child_processes()
+        raise Interrupted(output, published) from None
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if area is not None:
+            # A second Ctrl-C cuts only this tidy-up short (the next run finishes it); what was
+            # published or interrupted is already decided.
+            with contextlib.suppress(KeyboardInterrupt):
+                area.remove()
+
+
+def _apply_in(
+    area: staging.StagingArea,
+    patches: list[Patch],
+    upstream: Upstream,
+    checkout: Callable[[Path], git.Repo],
+    options: Options,
+    progress: Callable[[int, int, str], None] | None,
+    seed_base: Callable[[], str | None] | None,
+) -> list[PatchResult]:
+    """Check out ``upstream`` in the staging area and classify (and commit, where accepted) each patch."""
+    mails = write_mails(patches, area.mails)
+    repo = checkout(area.tree)
+    repo.git.config(CONFIG_UPSTREAM, upstream.commit)
+    faults.phase("checked-out")
+    seeded = False
+    tree_root = Path(repo.working_tree_dir or area.tree)
+    results: list[PatchResult] = []
+    for index, (patch, mail) in enumerate(zip(patches, mails, strict=True), start=1):
+        if progress:
+            progress(index, len(patches), patch.name)
+        problems = paths.problems(patch, tree_root)
+        if problems:
+            raise ApplyError(f"{patch.name}: refused: " + "; ".join(problems))
+        if not seeded and seed_base is not None and apply_check(repo, mail)[0] != 0:
+            seeded = True
+            base_commit = seed_base()
+            if base_commit and base_commit != upstream.commit:
+                # The base may have been imported into the store after this clone was made.
+                repo.git.fetch("--quiet", "origin", "+refs/tags/*:refs/tags/*")
+                seed_preimages(repo, base_commit, patches)
+        result = classify(repo, patch, mail)
+        result.accepted = options.accepts(result.status)
+        if result.accepted:
+            result.commit = commit_patch(repo, patch, mail, result.status)
+            faults.phase("committed")
+        results.append(result)
+    return results

@@ -24,6 +24,8 @@ def lint(repo_root: Path, patches_dir: Path, tree: Path | None = None) -> list[s
         entries = read_series(patches_dir)
     except SeriesError as exc:
         return [str(exc)]
+    if not entries:
+        problems.append(f"patches/{SERIES_FILE}: series is empty: it lists no patch")
     counts = Counter(entry.path for entry in entries)
     for name, count in counts.items():
         if count > 1:

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
+from vllm_overlay import atomicfile
 from vllm_overlay.apply import Report
 
 
@@ -38,9 +37,4 @@ def apply_table(report: Report) -> str:
 
 def write_json(data: object, path: Path) -> None:
     """Write JSON atomically so a reader never sees half a report."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        json.dump(data, handle, indent=2, sort_keys=True)
-        handle.write("\n")
-    os.replace(tmp, path)
+    atomicfile.write_bytes(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode("utf-8"))

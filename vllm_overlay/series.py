@@ -14,7 +14,7 @@ import subprocess
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import unidiff
 
@@ -115,8 +115,21 @@ def read_series(patches_dir: Path) -> list[SeriesEntry]:
         words = line.split()
         if len(words) > 2 or (len(words) == 2 and words[1] != "-p1"):
             raise SeriesError(f"{path}:{number}: expected 'PATCH [-p1]', got {raw_line!r}")
+        outside = _outside_patches(words[0])
+        if outside:
+            raise SeriesError(f"{path}:{number}: {words[0]!r} is outside patches/ ({outside})")
         entries.append(SeriesEntry(words[0], number))
     return entries
+
+
+def _outside_patches(entry: str) -> str | None:
+    """Why a series entry would name a file outside patches/, or None: entries are relative paths."""
+    pure = PurePosixPath(entry)
+    if pure.is_absolute():
+        return "an absolute path"
+    if ".." in pure.parts:
+        return "a '..' component"
+    return None
 
 
 def render_series(names: list[str]) -> str:
@@ -149,9 +162,27 @@ def parse_trailers(message: str) -> list[tuple[str, str]]:
     return pairs
 
 
+def as_git_am_reads(raw: bytes) -> bytes:
+    """The mail as ``git am`` reads it, the bytes every step (parse, classify, commit) works on.
+
+    A mail saved with CRLF line endings (by a mail client or an editor on another system; its
+    first line, format-patch's "From <commit> <date>", ends in CRLF) gets every CRLF turned into
+    LF, as ``git mailsplit`` does for plain ``git am``. A mail in format-patch's own LF form is
+    left byte for byte: a carriage return there is file content (the diff of a CRLF file), which
+    the commit step keeps with ``git am --keep-cr``.
+    """
+    first_line = raw.split(b"\n", 1)[0]
+    return raw.replace(b"\r\n", b"\n") if first_line.endswith(b"\r") else raw
+
+
 def parse_patch_bytes(raw: bytes, path: Path, name: str) -> Patch:
     """Parse one git-format-patch file."""
-    text = raw.decode("utf-8")
+    if not raw.strip():
+        raise SeriesError(f"patch is empty: {name}")
+    try:
+        text = as_git_am_reads(raw).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SeriesError(f"{name}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
     head, sep, _ = text.partition("\n---\n")
     if not sep:
         raise SeriesError(f"{name}: no '---' line separating the commit message from the diff")
@@ -186,16 +217,28 @@ def parse_patch_bytes(raw: bytes, path: Path, name: str) -> Patch:
 
 def load_patch(patches_dir: Path, name: str) -> Patch:
     path = patches_dir / name
+    outside = _outside_patches(name)
+    if outside is None and path.exists() and not path.resolve().is_relative_to(patches_dir.resolve()):
+        outside = "a symlink that leads out of patches/"
+    if outside:
+        raise SeriesError(f"{name}: outside patches/ ({outside})")
     try:
         raw = path.read_bytes()
     except FileNotFoundError as exc:
         raise SeriesError(f"{name}: listed in series but the file does not exist") from exc
+    except OSError as exc:
+        raise SeriesError(f"{name}: cannot be read: {exc.strerror}") from exc
     return parse_patch_bytes(raw, path, name)
 
 
-def load_series(patches_dir: Path) -> list[Patch]:
-    """All patches in series order. Raises on the first malformed entry (lint reports them all)."""
+def load_series(patches_dir: Path, *, allow_empty: bool = True) -> list[Patch]:
+    """All patches in series order. Raises on the first malformed entry (lint reports them all).
+
+    With ``allow_empty=False`` a series that lists no patch (nothing, or only comments) is an error.
+    """
     entries = read_series(patches_dir)
+    if not entries and not allow_empty:
+        raise SeriesError(f"{patches_dir / SERIES_FILE}: series is empty: it lists no patch")
     duplicates = [name for name, count in Counter(e.path for e in entries).items() if count > 1]
     if duplicates:
         raise SeriesError(f"listed more than once in series: {', '.join(duplicates)}")

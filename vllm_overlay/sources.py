@@ -31,9 +31,9 @@ from packaging.utils import (
 from packaging.version import InvalidVersion, Version
 from tqdm import tqdm
 
-from vllm_overlay import indexes, output
+from vllm_overlay import atomicfile, indexes, output
 from vllm_overlay.lock import Lock
-from vllm_overlay.store import Store
+from vllm_overlay.store import UNPACK_PREFIX, Store
 
 VERSION_RE = re.compile(r"^\d+(\.\d+)*([._-]?(a|b|rc|post|dev)\d*)*$")
 IMPORT_IDENTITY = {
@@ -164,8 +164,7 @@ def download(url: str, dest: Path, sha256: str, size: int | None = None) -> Path
         output.warn(f"cached {dest.name} does not match its sha256; downloading again")
         dest.unlink()
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
-    tmp = Path(tmp_name)
+    fd, tmp = atomicfile.create_temp(dest.parent, f".{dest.name}.", ".part")
     digest = hashlib.sha256()
     received = 0
     try:
@@ -266,7 +265,9 @@ def import_tree(store: Store, tree: Path, tag: str, message: str) -> str:
 
 
 def _import_release_archive(store: Store, archive: Path, tag: str) -> tuple[str, Path]:
-    with tempfile.TemporaryDirectory(prefix="vllm-overlay-unpack-") as tmp:
+    # Unpacked inside the store (under its lock), so a killed import's tree is removed with the
+    # store's other leftovers rather than staying in /tmp.
+    with tempfile.TemporaryDirectory(prefix=UNPACK_PREFIX, dir=store.root) as tmp:
         top = unpack_sdist(archive, Path(tmp))
         commit = import_tree(store, top, tag, f"upstream: {archive.name}")
         return commit, top
@@ -289,6 +290,7 @@ def obtain(spec: str | None, lock: Lock, store: Store) -> Upstream:
     """Import the upstream named by ``spec`` into the store (cached) and describe it."""
     kind, value = parse_spec(spec)
     with store.exclusive():
+        store.remove_leftovers()  # a killed run's; downloads and imports run under this lock
         if kind in ("locked", "release"):
             version = lock.version if kind == "locked" else value
             return _obtain_release(store, lock, version, locked=kind == "locked" or version == lock.version)

@@ -10,8 +10,11 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
+
+UNPACK_PREFIX = ".unpack-"  # sdists being unpacked for import
 
 
 def default_root() -> Path:
@@ -50,3 +53,14 @@ class Store:
                 yield
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def remove_leftovers(self) -> list[Path]:
+        """Delete what killed runs left: partial downloads, half-unpacked sdists. Call with the lock held."""
+        found = sorted(self.downloads.glob(".*.part")) if self.downloads.is_dir() else []
+        found += sorted(self.root.glob(f"{UNPACK_PREFIX}*")) if self.root.is_dir() else []
+        for path in found:
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        return found

@@ -11,8 +11,9 @@ import pytest
 
 from tests.tool.conftest import REPO_ROOT, replace_line, write_upstream
 from tests.tool.test_apply import run_apply
-from vllm_overlay import cli, image, lock, series
+from vllm_overlay import apply, cli, image, lock, series, sources
 from vllm_overlay.project import Project
+from vllm_overlay.store import Store
 
 LOCKED = "__version__ = version = '0.33.0'\n__commit_id__ = commit_id = 'g4ba787ec9'\n"
 
@@ -39,6 +40,16 @@ def image_project(project: Path) -> Path:
     shutil.copy(REPO_ROOT / "Dockerfile", project / "Dockerfile")
     shutil.copytree(REPO_ROOT / "overlay", project / "overlay", ignore=shutil.ignore_patterns("__pycache__"))
     return project
+
+
+def apply_no_patches(project: Path, upstream: Path) -> None:
+    """build/patched as the pristine upstream: apply-patches refuses an empty series, the engine does not."""
+    store = Store()
+    up = sources.obtain(str(upstream), lock.load(project / "upstream.lock"), store)
+    result = apply.apply_series(
+        [], up, lambda d: sources.checkout(store, up, d), project / "build/patched", apply.Options()
+    )
+    assert result.ok
 
 
 def add_module_and_doc(tree: Path) -> None:
@@ -162,7 +173,7 @@ def test_other_upstream_version_is_refused(image_project, make_patch, tmp_path, 
 
 
 def test_overlay_may_not_write_into_vllm(image_project, make_patch, upstream_dir, store_env):
-    assert run_apply(image_project, upstream_dir)[0] == 0
+    apply_no_patches(image_project, upstream_dir)
     (image_project / "overlay" / "vllm").mkdir()
     (image_project / "overlay" / "vllm" / "x.py").write_text("")
     with pytest.raises(image.ImageError, match="never into it"):
@@ -170,14 +181,14 @@ def test_overlay_may_not_write_into_vllm(image_project, make_patch, upstream_dir
 
 
 def test_build_image_without_engine_says_so(image_project, upstream_dir, store_env, monkeypatch, capsys):
-    assert run_apply(image_project, upstream_dir)[0] == 0
+    apply_no_patches(image_project, upstream_dir)
     monkeypatch.setattr("vllm_overlay.engine.shutil.which", lambda name: None)
     assert cli.main(["build-image", "--project", str(image_project)]) == 2
     assert "no container engine" in capsys.readouterr().err
 
 
 def test_stage_only_needs_no_engine(image_project, upstream_dir, store_env, capsys):
-    assert run_apply(image_project, upstream_dir)[0] == 0
+    apply_no_patches(image_project, upstream_dir)
     assert cli.main(["build-image", "--project", str(image_project), "--stage-only"]) == 0
     manifest = json.loads((image_project / "build/image/overlay/vllm_overlay_status/manifest.json").read_text())
     assert manifest["series"] == [] and manifest["files"] == {}

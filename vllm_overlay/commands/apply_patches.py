@@ -6,7 +6,12 @@ export-patches. Every patch gets exactly one status: clean, offset, fuzz, merged
 already-upstream or target-missing. Anything but clean fails the run unless widened on purpose
 (--allow-offset, --allow-fuzz, --3way). A failed run leaves the output directory as it was.
 
-Exit codes: 0 all patches applied; 1 a patch was refused (nothing written); 2 usage or input error.
+One run at a time writes an output: a second one waits for the first (or, with --no-wait, exits 2
+naming its pid). Ctrl-C or SIGTERM stop a run with one line and exit 130; the output is left as it
+was (or, interrupted after publishing, is the new tree, as the line says).
+
+Exit codes: 0 all patches applied; 1 a patch was refused (nothing written); 2 usage or input error,
+or the output busy with --no-wait; 130 interrupted.
 """
 
 from __future__ import annotations
@@ -14,7 +19,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vllm_overlay import apply, indexes, lock, output, project, rebase, report, series, sources
+import git
+
+from vllm_overlay import apply, indexes, interrupts, lock, output, project, rebase, report, series, sources
 from vllm_overlay.audit import DRIFTING
 from vllm_overlay.store import Store
 
@@ -41,6 +48,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the machine-readable report")
     parser.add_argument(
+        "--no-wait",
+        dest="wait",
+        action="store_false",
+        help="if another run is writing the output, exit 2 (naming its pid) instead of waiting for it",
+    )
+    parser.add_argument(
         "--base-upstream",
         default=None,
         metavar="VERSION|DIR|REPO@REV",
@@ -51,15 +64,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     proj = project.from_args(args)
+    target = (args.output or proj.patched_tree).resolve()
+    with interrupts.terminate_as_interrupt():
+        try:
+            return _run(args, proj, target)
+        except apply.Interrupted as exc:
+            published = exc.published
+        except KeyboardInterrupt:  # while obtaining the upstream: end the git it may have started
+            interrupts.end_child_processes()
+            published = False
+    output.error(f"interrupted; {target} " + ("already holds the new tree" if published else "unchanged"))
+    return 130
+
+
+def _run(args: argparse.Namespace, proj: project.Project, target: Path) -> int:
     try:
         the_lock = lock.load(proj.lock_file)
-        patches = series.select(series.load_series(proj.patches), args.only)
+        patches = series.select(series.load_series(proj.patches, allow_empty=False), args.only)
         store = Store()
         upstream = sources.obtain(args.upstream, the_lock, store)
     except (lock.LockError, series.SeriesError, sources.SourceError) as exc:
         output.error(str(exc))
         return 2
-    target = (args.output or proj.patched_tree).resolve()
     options = apply.Options(args.allow_offset, args.allow_fuzz, args.three_way)
     output.info(f"applying {len(patches)} patch(es) onto upstream {upstream.label} -> {target}")
     try:
@@ -71,16 +97,30 @@ def run(args: argparse.Namespace) -> int:
             options,
             progress=lambda i, n, name: output.info(f"[{i}/{n}] {name}"),
             seed_base=lambda: base_upstream(args.base_upstream, the_lock, store, upstream).commit,
+            wait=args.wait,
+            on_wait=lambda pid: output.info(
+                f"waiting for {'pid ' + str(pid) if pid else 'another process'}, which is writing {target} "
+                "(--no-wait to give up instead)"
+            ),
         )
-    except apply.ApplyError as exc:
+    except (apply.ApplyError, sources.SourceError) as exc:
         output.error(str(exc))
         return 2
-    if upstream.kind != "locked":
-        base = base_upstream(args.base_upstream, the_lock, store, upstream)
-        note_target_drift(result, patches, store, base, upstream)
-    output.result(report.apply_table(result))
-    if args.json:
-        report.write_json(result.to_json(), args.json)
+    except git.GitCommandError as exc:  # not a patch's fault (that is a status): the machine's
+        output.error(f"git failed: {' '.join(map(str, exc.command))}: {str(exc.stderr).strip()}; {target} unchanged")
+        return 2
+    try:
+        if upstream.kind != "locked":
+            base = base_upstream(args.base_upstream, the_lock, store, upstream)
+            note_target_drift(result, patches, store, base, upstream)
+        output.result(report.apply_table(result))
+        if args.json:
+            report.write_json(result.to_json(), args.json)
+    except sources.SourceError as exc:
+        output.error(f"{exc} (the patched tree was written: {target})")
+        return 2
+    except KeyboardInterrupt:
+        raise apply.Interrupted(target, result.published) from None
     return 0 if result.ok else 1
 
 

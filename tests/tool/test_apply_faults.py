@@ -1,0 +1,208 @@
+"""Concurrent, killed and interrupted runs: the previous output stays whole, leftovers go, no traceback.
+
+The runs that must die or be signalled are real processes (forked, to skip an interpreter's
+start-up; the one that must wait on a lock this process holds is a fresh subprocess). A stand-in
+``git`` (first on PATH) stops at ``git am`` so a run can be caught while a git child is running.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import git
+import pytest
+
+from tests.tool.conftest import REPO_ROOT, replace_line
+from tests.tool.test_apply import change_line_20, run_apply
+from vllm_overlay import cli, faults, staging
+
+STOP_AT_AM = """#!/bin/sh
+if [ "$1" = am ] && [ "$2" = --quiet ]; then echo $$ > "{marker}"; exec sleep 30; fi
+exec {git} "$@"
+"""
+
+
+def cli_process(project: Path, upstream: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "vllm_overlay.cli", "apply-patches", "--project", str(project)]
+    argv += ["--upstream", str(upstream), "--base-upstream", str(upstream), *extra]
+    return subprocess.Popen(argv, cwd=REPO_ROOT, env=dict(os.environ, **(env or {})), stderr=subprocess.PIPE, text=True)
+
+
+class Forked:
+    """``cli.main(argv)`` in a forked child: a real process to kill or signal, without an interpreter's start-up."""
+
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
+        read, write = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:  # the child: never returns into pytest
+            code = 1
+            try:
+                os.dup2(write, 2)
+                sys.stderr = open(2, "w", buffering=1, closefd=False)
+                sys.stdout = open(os.devnull, "w")
+                os.environ.update(env or {})
+                code = cli.main(argv)
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        os.close(write)
+        self.stderr = os.fdopen(read, "r")
+
+    def wait(self) -> tuple[int, str]:
+        """Exit code (negative: killed by that signal) and everything it wrote to stderr."""
+        err = self.stderr.read()
+        return os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1]), err
+
+    def running(self) -> bool:
+        return os.waitpid(self.pid, os.WNOHANG)[0] == 0
+
+
+def apply_argv(project: Path, upstream: Path) -> list[str]:
+    return ["apply-patches", "--project", str(project), "--upstream", str(upstream), "--base-upstream", str(upstream)]
+
+
+def no_wait_argv(project: Path, upstream: Path) -> list[str]:
+    where = ["--project", str(project), "--upstream", str(upstream), "--base-upstream", str(upstream)]
+    return ["apply-patches", *where, "--no-wait"]
+
+
+def snapshot(output: Path) -> tuple[str, str, str]:
+    repo = git.Repo(output)
+    return repo.head.commit.hexsha, repo.git.status("--porcelain", "--ignored"), (output / "vllm/core.py").read_text()
+
+
+def beside(output: Path) -> list[str]:
+    return sorted(p.name for p in output.parent.iterdir())
+
+
+@pytest.fixture
+def built(project, make_patch, upstream_dir, store_env):
+    """build/patched holds patch 1; patch 2 is then added, so the next run would change the output."""
+    make_patch(upstream_dir, change_line_20, "core: change line 20")
+    assert run_apply(project, upstream_dir)[0] == 0
+    make_patch(upstream_dir, lambda t: replace_line(t / "vllm/core.py", "line_5 = 5\n", "line_5 = 50\n"), "b")
+    return project / "build" / "patched"
+
+
+@pytest.fixture
+def stop_at_am(tmp_path) -> tuple[dict[str, str], Path]:
+    bin_dir, marker = tmp_path / "bin", tmp_path / "am.pid"
+    bin_dir.mkdir()
+    wrapper = bin_dir / "git"
+    wrapper.write_text(
+        STOP_AT_AM.format(marker=marker, git=subprocess.check_output(["which", "git"], text=True).strip())
+    )
+    wrapper.chmod(0o755)
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}", "GIT_PYTHON_GIT_EXECUTABLE": str(wrapper)}, marker
+
+
+def wait_for(path: Path, process: Forked) -> int:
+    deadline = time.monotonic() + 60
+    while not path.exists() or not path.read_text().strip():
+        assert process.running(), "the run ended before it reached git am"
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    return int(path.read_text())
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return not stat[stat.rindex(")") + 2 :].startswith("Z")
+
+
+@pytest.mark.parametrize("phase", ["checked-out", "committed", "publish", "published"])
+def test_killed_run_leaves_the_output_whole_and_the_next_run_cleans_up(built, project, upstream_dir, phase):
+    before = snapshot(built)
+    code, _err = Forked(apply_argv(project, upstream_dir), env={faults.KILL_AT_ENV: phase}).wait()
+    assert code == -signal.SIGKILL
+    if phase == "published":  # the exchange happened: the output is the new tree, whole
+        after = snapshot(built)
+        assert after[0] != before[0] and after[1] == "" and "line_5 = 50\n" in after[2]
+    else:
+        assert snapshot(built) == before
+    assert any(".patched.staging-" in name for name in beside(built))  # what the kill left
+    assert run_apply(project, upstream_dir)[0] == 0
+    assert beside(built) == [".patched.lock", "patched"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_interrupted_run_says_one_line_and_ends_its_git(built, project, upstream_dir, stop_at_am, sig):
+    before = snapshot(built)
+    env, marker = stop_at_am
+    process = Forked(apply_argv(project, upstream_dir), env=env)
+    child = wait_for(marker, process)
+    os.kill(process.pid, sig)
+    code, err = process.wait()
+    assert code == 130
+    assert err.splitlines()[-1] == f"error: interrupted; {built} unchanged"
+    assert "Traceback" not in err
+    assert not alive(child)
+    assert snapshot(built) == before
+    assert beside(built) == [".patched.lock", "patched"]
+
+
+def test_second_run_waits_or_with_no_wait_names_the_holder(built, project, upstream_dir, capsys):
+    before = snapshot(built)
+    with staging.output_lock(built):
+        assert cli.main(no_wait_argv(project, upstream_dir)) == 2
+        assert f"is being written by pid {os.getpid()}" in capsys.readouterr().err
+        waiting = cli_process(project, upstream_dir)
+        assert waiting.stderr is not None
+        lines = [waiting.stderr.readline(), waiting.stderr.readline()]  # "applying ...", then "waiting ..."
+        assert f"waiting for pid {os.getpid()}, which is writing {built}" in lines[1]
+        assert snapshot(built) == before
+    _out, err = waiting.communicate(timeout=120)
+    assert waiting.returncode == 0, err
+    assert "line_5 = 50\n" in (built / "vllm/core.py").read_text()
+
+
+def test_leftover_cleanup_spares_a_live_run_and_restores_a_retired_tree(tmp_path):
+    output = tmp_path / "patched"
+    live = staging.create_staging(output)  # this process is its owner, and alive
+    dead = staging.create_staging(tmp_path / "other")
+    dead.root.rename(tmp_path / ".patched.staging-1")  # an owner that is gone ...
+    os.close(dead.owner_fd)
+    (tmp_path / ".patched.staging-1" / staging.RETIRED).mkdir()  # ... killed between two renames
+    (tmp_path / ".patched.staging-1" / staging.RETIRED / "kept").write_text("old tree")
+    removed = staging.remove_leftovers(output)
+    assert removed == [tmp_path / ".patched.staging-1"]
+    assert live.root.is_dir() and (output / "kept").read_text() == "old tree"
+    live.remove()
+    assert not live.root.exists()
+
+
+def test_next_run_removes_a_tree_a_killed_publish_retired(built, project, upstream_dir):
+    retired = built.parent / ".patched.retired-4242"  # what a kill inside a two-rename publish left
+    (retired / "vllm").mkdir(parents=True)
+    (retired / "vllm" / "core.py").write_text("the tree before\n")
+    assert run_apply(project, upstream_dir)[0] == 0
+    assert beside(built) == [".patched.lock", "patched"]
+
+
+def test_second_run_never_touches_a_live_run(built, project, upstream_dir, stop_at_am, capsys):
+    env, marker = stop_at_am
+    first = Forked(apply_argv(project, upstream_dir), env=env)
+    wait_for(marker, first)
+    (area,) = [p for p in built.parent.iterdir() if p.name.startswith(".patched.staging-")]
+    assert cli.main(no_wait_argv(project, upstream_dir)) == 2
+    assert f"is being written by pid {first.pid}" in capsys.readouterr().err
+    assert (area / "tree" / ".git").is_dir()  # the first run's staging clone is still there
+    os.kill(first.pid, signal.SIGTERM)
+    assert first.wait()[0] == 130
+
+
+def test_two_rename_publish_where_no_exchange_is_possible(built, project, upstream_dir, monkeypatch):
+    monkeypatch.setattr(staging, "_renameat2_exchange", lambda a, b: False)  # a file system without it
+    assert run_apply(project, upstream_dir)[0] == 0
+    assert "line_5 = 50\n" in (built / "vllm/core.py").read_text()
+    assert beside(built) == [".patched.lock", "patched"]

@@ -1,0 +1,60 @@
+"""Bad input is refused with exit 2 and a message naming it, before the output is touched."""
+
+from __future__ import annotations
+
+import git
+import pytest
+
+from tests.tool.test_apply import change_line_20, run_apply
+from vllm_overlay import cli, lint
+
+
+@pytest.fixture
+def built(project, make_patch, upstream_dir, store_env):
+    """A project whose build/patched holds the applied one-patch series."""
+    make_patch(upstream_dir, change_line_20, "core: change line 20")
+    assert run_apply(project, upstream_dir)[0] == 0
+    return project
+
+
+def apply_code(project, upstream_dir) -> int:
+    where = ["--project", str(project), "--upstream", str(upstream_dir), "--base-upstream", str(upstream_dir)]
+    return cli.main(["apply-patches", *where])
+
+
+def head(project) -> str:
+    return git.Repo(project / "build" / "patched").head.commit.hexsha
+
+
+@pytest.mark.parametrize("text", ["", "# only a comment\n\n   # and another\n"])
+def test_empty_series_is_refused_and_output_kept(built, upstream_dir, capsys, text):
+    before = head(built)
+    (built / "patches" / "series").write_text(text)
+    assert apply_code(built, upstream_dir) == 2
+    assert "series is empty" in capsys.readouterr().err
+    assert head(built) == before
+    assert "series is empty" in "\n".join(lint.lint(built, built / "patches"))
+
+
+def test_empty_patch_file_is_named(built, upstream_dir, capsys):
+    (built / "patches" / "demo" / "core-change-line-20.patch").write_bytes(b"")
+    assert apply_code(built, upstream_dir) == 2
+    assert "patch is empty: demo/core-change-line-20.patch" in capsys.readouterr().err
+    assert "patch is empty: demo/core-change-line-20.patch" in "\n".join(lint.lint(built, built / "patches"))
+
+
+@pytest.mark.parametrize("entry", ["/etc/hostname", "../upstream.lock", "demo/../../upstream.lock"])
+def test_series_entries_stay_inside_patches(built, upstream_dir, capsys, entry):
+    before = head(built)
+    (built / "patches" / "series").write_text(f"{entry}\n")
+    assert apply_code(built, upstream_dir) == 2
+    assert "outside patches/" in capsys.readouterr().err
+    assert head(built) == before
+    assert "outside patches/" in "\n".join(lint.lint(built, built / "patches"))
+
+
+def test_series_entry_through_a_symlink_out_of_patches_is_refused(built, upstream_dir, capsys):
+    (built / "patches" / "escape.patch").symlink_to(built / "upstream.lock")
+    (built / "patches" / "series").write_text("escape.patch\n")
+    assert apply_code(built, upstream_dir) == 2
+    assert "outside patches/" in capsys.readouterr().err

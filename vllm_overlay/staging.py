@@ -1,0 +1,195 @@
+"""The output directory's life: one run at a time, work beside it, publish in one step.
+
+Beside an output directory OUTPUT (say build/patched) live:
+
+    .patched.lock              the output's lock: held (flock) by the run that writes OUTPUT; it
+                               holds that run's pid, so a second run can say whom it waits for
+    .patched.staging-PID/      one run's staging area:
+        owner                  held (flock) for as long as the run lives
+        mails/                 the patch mails exactly as every git step reads them
+        tree/                  the clone the series is applied in
+
+Publishing exchanges ``tree/`` and OUTPUT in one ``renameat2(RENAME_EXCHANGE)``: at every instant
+OUTPUT is either the old tree or the new one, never missing and never half of either. The old
+tree lands in the staging area, which is removed next. A run killed at any point leaves at most a
+staging area whose owner lock nobody holds; the next run (under the output lock) removes it.
+
+Why an exchange and not a symlink swap: OUTPUT stays a real directory at its own path, so users'
+shells, ``git -C build/patched``, export-patches and everything that resolves the path keep seeing
+one plain git repository, and ``rm -rf build/patched`` still removes all of it. Where the kernel
+or the file system cannot exchange (not Linux, some network file systems) publishing falls back
+to two renames; a run killed between them leaves the old tree in its staging area as ``retired``,
+and the next run puts it back before anything else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import fcntl
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from vllm_overlay import faults, interrupts
+
+OWNER_FILE = "owner"
+RETIRED = "retired"  # the old tree, while the two-rename fallback publishes
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+
+
+class OutputBusy(RuntimeError):
+    """Another run holds the output's lock (and we were asked not to wait)."""
+
+    def __init__(self, output: Path, holder: int | None) -> None:
+        who = f"pid {holder}" if holder else "another process"
+        super().__init__(f"{output} is being written by {who} (another apply run); try again when it has finished")
+        self.output = output
+        self.holder = holder
+
+
+def lock_path(output: Path) -> Path:
+    return output.parent / f".{output.name}.lock"
+
+
+def _read_pid(fd: int) -> int | None:
+    text = os.pread(fd, 32, 0).decode("ascii", errors="replace").strip()
+    return int(text) if text.isdigit() else None
+
+
+def _write_pid(fd: int) -> None:
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+
+
+@contextlib.contextmanager
+def output_lock(
+    output: Path, *, wait: bool = True, on_wait: Callable[[int | None], None] | None = None
+) -> Iterator[None]:
+    """Hold ``output``'s lock. If another run holds it: wait (telling ``on_wait`` its pid) or raise OutputBusy."""
+    fd = os.open(lock_path(output), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_pid(fd)
+            if not wait:
+                raise OutputBusy(output, holder) from None
+            if on_wait is not None:
+                on_wait(holder)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        _write_pid(fd)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+@dataclass
+class StagingArea:
+    root: Path
+    owner_fd: int
+
+    @property
+    def tree(self) -> Path:
+        return self.root / "tree"
+
+    @property
+    def mails(self) -> Path:
+        return self.root / "mails"
+
+    def remove(self) -> None:
+        """Remove the area (and the old tree an exchange left in it), then give up its ownership.
+
+        Ctrl-C may cut the removal short: what is left has no owner then, and the next run removes it.
+        """
+        try:
+            shutil.rmtree(self.root, ignore_errors=True)
+        finally:
+            os.close(self.owner_fd)
+
+
+def staging_prefix(output: Path) -> str:
+    return f".{output.name}.staging-"
+
+
+def create_staging(output: Path) -> StagingArea:
+    """A fresh staging area beside ``output``, owned by this process. Call with the output's lock held."""
+    root = output.parent / f"{staging_prefix(output)}{os.getpid()}"
+    shutil.rmtree(root, ignore_errors=True)  # an earlier process with this pid died here
+    root.mkdir()
+    fd = os.open(root / OWNER_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    _write_pid(fd)
+    (root / "mails").mkdir()
+    return StagingArea(root, fd)
+
+
+def _owner_alive(area: Path) -> bool:
+    """True while the process that made ``area`` lives (it holds the owner file's lock)."""
+    try:
+        fd = os.open(area / OWNER_FILE, os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        # No owner file: made by a run that died before writing it (or by an older version of
+        # the tool). Areas are only made under the output lock, which the caller holds.
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def remove_leftovers(output: Path) -> list[Path]:
+    """Remove what killed runs left beside ``output``; return what was removed. Needs the output lock.
+
+    Staging areas whose owner is gone go (a published run's old tree is inside its area); a tree
+    retired by an interrupted two-rename publish is first put back if ``output`` is missing.
+    Trees retired by earlier versions of the tool (``.NAME.retired-PID``) are treated the same.
+    """
+    parent = output.parent
+    stale = [p for p in parent.glob(f"{staging_prefix(output)}*") if p.is_dir() and not _owner_alive(p)]
+    legacy = sorted(parent.glob(f".{output.name}.retired-*"))
+    retired = [p / RETIRED for p in stale if (p / RETIRED).is_dir()] + legacy
+    if retired and not output.exists():
+        os.rename(retired[0], output)
+    removed = [p for p in stale + legacy if p.exists()]
+    for path in removed:
+        shutil.rmtree(path, ignore_errors=True)
+    return removed
+
+
+def _renameat2_exchange(a: Path, b: Path) -> bool:
+    """Swap ``a`` and ``b`` atomically; False where the kernel or file system cannot."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is None:
+        return False
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(a), None, str(b))
+
+
+def publish(area: StagingArea, output: Path) -> None:
+    """Make ``area.tree`` the ``output`` directory in one step; the old tree is left in the area.
+
+    SIGINT and SIGTERM wait until the step is done, so an interrupted run either published or did
+    not, and says which.
+    """
+    with interrupts.deferred():
+        faults.phase("publish")
+        if not output.exists():
+            os.rename(area.tree, output)
+        elif not _renameat2_exchange(area.tree, output):
+            os.rename(output, area.root / RETIRED)
+            faults.phase("publish-retired")
+            os.rename(area.tree, output)
+        faults.phase("published")
