@@ -34,10 +34,11 @@ class Runner:
         executor = Executor(self.config, base_env)
         queue = list(self.plan.jobs)
         number = {id(job): i for i, job in enumerate(queue, start=1)}
+        total = len(queue)
 
         def describe(job: Job) -> str:
             where = "pristine" if job.step == 0 else f"patches 1..{job.step}"
-            return f"[{number[id(job)]}/{len(queue)}] {job.kind:<8} {job.label} on {where}"
+            return f"[{number[id(job)]}/{total}] {job.kind:<8} {job.label} on {where}"
 
         def start(job: Job) -> Job:
             if not executor.stopping.is_set():
