@@ -181,3 +181,26 @@ def test_stage_only_needs_no_engine(image_project, upstream_dir, store_env, caps
     assert cli.main(["build-image", "--project", str(image_project), "--stage-only"]) == 0
     manifest = json.loads((image_project / "build/image/overlay/vllm_overlay_status/manifest.json").read_text())
     assert manifest["series"] == [] and manifest["files"] == {}
+
+
+def test_stand_in_mirror_comes_from_the_machines_apt_sources(tmp_path: Path) -> None:
+    from vllm_overlay import engine, image_ci
+
+    apt = tmp_path / "apt"
+    (apt / "sources.list.d").mkdir(parents=True)
+    (apt / "sources.list.d" / "debian.sources").write_text(
+        "Types: deb\n# a comment\nURIs: http://archive.example.invalid/debian-security\n"
+        "Suites: bookworm-security\nComponents: main\n\n"
+        "Types: deb\nURIs: http://archive.example.invalid/debian\nSuites: bookworm bookworm-updates\n"
+        "Components: main\n"
+    )
+    assert image_ci.apt_mirror(apt) == "http://archive.example.invalid/debian"
+    (apt / "sources.list").write_text(
+        "# deb http://old.example.invalid/debian bookworm main\n"
+        "deb [signed-by=/k.gpg] http://one-line.example.invalid/debian bookworm main\n"
+    )
+    assert image_ci.apt_mirror(apt) == "http://one-line.example.invalid/debian"  # sources.list comes first
+    empty = tmp_path / "empty"
+    (empty / "sources.list.d").mkdir(parents=True)
+    with pytest.raises(engine.EngineError, match="--mirror"):
+        image_ci.apt_mirror(empty)
