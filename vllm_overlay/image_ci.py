@@ -2,8 +2,9 @@
 
 No registry is reachable on CI machines, so the vllm/vllm-openai base is replaced by a stand-in: a
 minimal Debian root filesystem with python3 (debootstrap, cached in the tool's store) holding the
-pristine vllm package files and dist-info of the locked release, copied from an interpreter that has
-them installed (--python; checked against RECORD first) into the stand-in's system site-packages
+pristine vllm .py files and dist-info of the locked release (the files the checks read; its RECORD
+trimmed to them), copied from an interpreter that has them installed (--python; checked against
+RECORD first) into the stand-in's system site-packages
 (/usr/local/lib/python3.X/dist-packages: the same scheme as the vllm-openai image, whose Python may
 differ; the Dockerfile is told the path and proves it). Then:
 
@@ -24,6 +25,7 @@ run_checks returns 0 when every check passed, 1 when a check failed, 2 on a usag
 
 from __future__ import annotations
 
+import csv
 import os
 import shutil
 import subprocess
@@ -36,7 +38,8 @@ from pathlib import Path
 from vllm_overlay import engine, envs, image, lock, output, project, record, series, shadow
 from vllm_overlay.store import Store
 
-STANDIN = "localhost/vllm-openai-standin:v{version}"
+STANDIN = "localhost/vllm-openai-standin:v{version}-py"  # -py: carries the .py files only (see carry_files)
+CARRIED_SUFFIXES = (".py",)
 TAG = "localhost/vllm-overlay-ci:latest"
 TAMPER_LINE = "# tampered by ci-image\n"
 
@@ -130,6 +133,35 @@ def _rootfs_tar(store_root: Path, suite: str, mirror: str) -> Path:
     return tar
 
 
+def carry_files(site: Path, dist_info: Path, target: Path) -> tuple[int, int]:
+    """Copy into ``target`` what the image checks read: vllm's .py files and its dist-info.
+
+    The checks verify every file RECORD lists, import nothing compiled, and tamper with .py files;
+    the package's ~820 MB of compiled extensions and headers are never read, and copying and
+    committing them was most of a cold stand-in (564 s of 673 s). The stand-in's RECORD lists
+    exactly the files it carries, with the wheel's own hashes, so "the package is its RECORD"
+    still holds file for file. Returns (files, bytes) copied.
+    """
+    record_rel = f"{dist_info.name}/RECORD"
+    rows = list(csv.reader((dist_info / "RECORD").read_text(encoding="utf-8").splitlines()))
+    kept = []
+    size = 0
+    for row in rows:
+        rel = row[0]
+        in_package = rel.startswith("vllm/") and rel.endswith(CARRIED_SUFFIXES)
+        if rel == record_rel or not (in_package or rel.startswith(dist_info.name + "/")):
+            continue
+        source = site / rel
+        dest = target / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, dest)
+        size += source.stat().st_size
+        kept.append(row)
+    with open(target / record_rel, "w", encoding="utf-8", newline="") as handle:
+        csv.writer(handle, lineterminator="\n").writerows([*kept, [record_rel, "", ""]])
+    return len(kept), size
+
+
 def make_standin(eng: engine.Engine, ref: str, the_lock: lock.Lock, python: str, tar: Path) -> str:
     """Build the stand-in base; return the site-packages path vllm has in it."""
     package = shadow.installed_package_dir(python)
@@ -151,8 +183,10 @@ def make_standin(eng: engine.Engine, ref: str, the_lock: lock.Lock, python: str,
         ).splitlines()[-1]
         target = mount / purelib.lstrip("/")
         target.mkdir(parents=True, exist_ok=True)
-        _sh("cp", "-a", str(package), str(target / "vllm"))
-        _sh("cp", "-a", str(Path(dist._path)), str(target / Path(dist._path).name))  # type: ignore[attr-defined]
+        files, size = carry_files(site, Path(dist._path), target)  # type: ignore[attr-defined]
+        output.info(
+            f"      stand-in carries {files:,} files of vllm ({size / 1e6:.0f} MB): the .py files and dist-info"
+        )
         _sh(
             eng.exe,
             "config",
