@@ -74,7 +74,8 @@ class PatchOutcome:
 
     @property
     def cached(self) -> bool:
-        return not self.jobs
+        """Every result came from the verdict store (none ran in this run, none is missing)."""
+        return all(u.result is not None and not u.executed for u in self.units)
 
     @property
     def baseline_cached(self) -> bool:

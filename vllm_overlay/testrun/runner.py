@@ -57,7 +57,11 @@ class Runner:
                         pending.add(pool.submit(start, queue.pop(0)))
                     if not pending:
                         break
-                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                    try:
+                        done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                    except KeyboardInterrupt:  # stop the processes before the pool waits for them
+                        executor.stop()
+                        raise
                     for future in done:
                         job = future.result()
                         if not job.ran:
