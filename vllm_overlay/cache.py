@@ -4,8 +4,10 @@ A test environment is about 10 GB and is keyed by the lock, the pins and the Pyt
 every upstream bump leaves the previous one behind. ``entries`` lists everything under the cache
 root with its size; ``prune`` removes the environments (and their build logs) whose key is not the
 current one, and hidden build directories that no published environment points to (left by an
-interrupted build). Downloads, the upstream repository, pristine baselines and the CI stand-in base
-are listed but never pruned here: they are small or shared across locks.
+interrupted build). The verdict store (``verdicts/``) holds one scope per environment key and
+runner version: the scopes other than the current one go with their environment (and the
+``baselines/`` folder the store replaced). Downloads, the upstream repository and the CI stand-in
+base are listed but never pruned here: they are small or shared across locks.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 from vllm_overlay import envs
 from vllm_overlay.lock import Lock
 from vllm_overlay.store import Store
+from vllm_overlay.testrun import verdict_store
 
 CURRENT = "current"
 STALE = "stale"
@@ -72,12 +75,28 @@ def _environment_entries(store: Store, key: str) -> list[Entry]:
     return entries
 
 
+def _verdict_entries(store: Store, key: str) -> list[Entry]:
+    found = []
+    legacy = store.root / "baselines"
+    if legacy.is_dir():
+        found.append(Entry(legacy, "old baselines", STALE, disk_usage(legacy)))
+    root = store.root / "verdicts"
+    if root.is_dir():
+        current = verdict_store.scope_name(key, Path())
+        for path in sorted(root.iterdir()):
+            if path.is_dir():
+                status = CURRENT if path.name == current else STALE
+                found.append(Entry(path, "verdicts", status, disk_usage(path)))
+    return found
+
+
 def entries(store: Store, lock: Lock) -> list[Entry]:
-    """The environments one by one, then every other top-level folder of the cache."""
-    found = _environment_entries(store, current_key(lock))
+    """The environments and verdict scopes one by one, then every other top-level folder of the cache."""
+    key = current_key(lock)
+    found = _environment_entries(store, key) + _verdict_entries(store, key)
     if store.root.is_dir():
         for path in sorted(store.root.iterdir()):
-            if path != store.envs and path.is_dir():
+            if path not in (store.envs, store.root / "verdicts", store.root / "baselines") and path.is_dir():
                 found.append(Entry(path, "cache folder", KEPT, disk_usage(path)))
     return found
 
@@ -86,7 +105,7 @@ def prune(store: Store, lock: Lock, dry_run: bool = False) -> list[Entry]:
     """Remove the stale environments and unfinished builds; return what was (or would be) removed."""
     with store.exclusive():  # no build or check may run while environments are removed
         key = current_key(lock)
-        removable = [e for e in _environment_entries(store, key) if e.removable]
+        removable = [e for e in _environment_entries(store, key) + _verdict_entries(store, key) if e.removable]
         if dry_run:
             return removable
         current = (store.envs / key).resolve()

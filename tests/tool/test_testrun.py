@@ -204,12 +204,12 @@ def add_patch(fx: dict, subject: str, series: str, edit, test_text: str, upstrea
     (fx["project"] / "tests" / "patches" / series / "test_demo.py").write_text(test_text)
 
 
-def run_cli(fx: dict, tmp_path: Path, *extra: str) -> tuple[int, dict, ET.Element]:
+def run_cli(fx: dict, tmp_path: Path, *extra: str, tool_tests: bool = False) -> tuple[int, dict, ET.Element]:
     json_out, junit_out = tmp_path / "report.json", tmp_path / "report.xml"
     code = cli.main(
         ["test-patches", "--project", str(fx["project"]), "--upstream", str(fx["upstream"]),
-         "--env", str(fx["env"]), "--json", str(json_out), "--junit", str(junit_out), "--no-tool-tests",
-         "--jobs", "2", *extra]
+         "--env", str(fx["env"]), "--json", str(json_out), "--junit", str(junit_out),
+         *([] if tool_tests else ["--no-tool-tests"]), "--jobs", "2", *extra]
     )  # fmt: skip
     return code, json.loads(json_out.read_text()), ET.parse(junit_out).getroot()
 
@@ -232,8 +232,8 @@ def test_whole_run_proves_red_green_and_upstream(fake_project: dict, tmp_path: P
     assert xml_root.get("failures") == "0" and int(xml_root.get("tests")) >= 4
     # The shared environment was not modified, and a second run reuses the cached baseline.
     assert record.verify_distribution(Path(data["environment"]["site_packages"]), "vllm") == []
-    code, data, _ = run_cli(fake_project, tmp_path)
-    assert code == 0 and data["patches"][0]["upstream_baseline_cached"]
+    code, data, _ = run_cli(fake_project, tmp_path, "--no-cache")
+    assert code == 0 and not data["patches"][0]["cached"] and data["pytest_processes"] == 5
     assert not (fake_project["project"] / "build" / "patched").exists()  # apply-patches' tree untouched
 
 
@@ -297,3 +297,83 @@ def test_env_key_follows_lock_and_pins(tmp_path: Path) -> None:
     assert key != envs.env_key(the_lock, [*reqs, "extra==1"])
     lock_path.write_text(lock_path.read_text() + "\n# changed\n")
     assert key != envs.env_key(lock.load(lock_path), reqs)
+
+
+def add_line_41(root: Path) -> None:
+    replace_line(root / "vllm" / "core.py", "line_20 = 20\n", "line_20 = 20  # twenty\nline_41 = 41\n")
+
+
+LINE_41_TEST = "from vllm import core\n\n\ndef test_line_41():\n    assert getattr(core, 'line_41', 0) == 41\n"
+
+
+def test_verdict_store_reruns_only_what_changed(fake_project: dict, tmp_path: Path, monkeypatch, capsys) -> None:
+    """Unchanged: no pytest at all; a changed Tests file or patch: the patches whose inputs changed."""
+    add_patch(fake_project, "Fix line one", "alpha", fix_line_one, RED_GREEN_TEST, "tests/test_core_upstream.py")
+    add_patch(fake_project, "Add line 41", "beta", add_line_41, LINE_41_TEST, "none")
+    # A basename of its own: test files of one basename cannot share a process (nor the full-series run).
+    beta_patch = fake_project["project"] / "patches" / "beta" / "add-line-41.patch"
+    beta_patch.write_text(beta_patch.read_text().replace("beta/test_demo.py", "beta/test_line_41.py"))
+    beta_test = fake_project["project"] / "tests" / "patches" / "beta" / "test_line_41.py"
+    (beta_test.parent / "test_demo.py").rename(beta_test)
+    tool_dir = fake_project["project"] / "tests" / "tool"
+    tool_dir.mkdir()
+    (tool_dir / "test_tiny.py").write_text("def test_tiny():\n    assert 1 + 1 == 2\n")
+    code, data, _ = run_cli(fake_project, tmp_path, tool_tests=True)
+    assert code == 0, capsys.readouterr().err
+    assert [p["cached"] for p in data["patches"]] == [False, False] and data["pytest_processes"] >= 5
+    # Patch 2's red and patch 1's green test the same tree: one process for both.
+    shared = [r for r in data["patches"][0]["runs"] if r in data["patches"][1]["runs"]]
+    assert len(shared) == 1 and shared[0]["step"] == 1 and len(shared[0]["targets"]) == 2
+
+    def no_pytest(self, job):
+        raise AssertionError(f"pytest started for {job.targets}")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(testrun.Executor, "run", no_pytest)
+        code, data, xml_root = run_cli(fake_project, tmp_path, tool_tests=True)
+    out = capsys.readouterr()
+    assert code == 0 and data["pytest_processes"] == 0, out.err
+    assert all(p["cached"] and p["ok"] and p["runs"] == [] for p in data["patches"])
+    assert data["full_series"]["cached"] and data["tool_tests"]["cached"] and data["tool_tests"]["ok"]
+    assert data["patches"][0]["upstream_regressions"] == [] and data["patches"][0]["upstream_before"]["passed"] == 2
+    assert "RESULT: ok" in out.out and "yes" in out.out and xml_root.get("failures") == "0"
+
+    # One patch's Tests file changes: that patch (and the full-series run) runs again, nothing else.
+    beta_test.write_text(LINE_41_TEST + "\n\ndef test_core_has_line_1():\n    assert core.line_1 == 100\n")
+    code, data, _ = run_cli(fake_project, tmp_path, tool_tests=True)
+    assert code == 0
+    assert [p["cached"] for p in data["patches"]] == [True, False]
+    assert {r["kind"] for r in data["patches"][1]["runs"]} == {"tests"}
+    assert not data["full_series"]["cached"] and data["tool_tests"]["cached"]
+
+    # Patch 2 changes (its tree, not only its text): patch 1 tests the same trees and stays cached.
+    text = beta_patch.read_text()
+    beta_patch.write_text(text.replace("+line_20 = 20  # twenty\n", "+line_20 = 20  # the twentieth\n"))
+    code, data, _ = run_cli(fake_project, tmp_path, tool_tests=True)
+    assert code == 0, capsys.readouterr().err
+    assert [p["cached"] for p in data["patches"]] == [True, False]
+    assert [r["step"] for r in data["patches"][1]["runs"]] == [2]  # red on patch 1's tree: still stored
+    # Patch 1 changes: its green tree and patch 2's red tree change, so both run again.
+    alpha_patch = fake_project["project"] / "patches" / "alpha" / "fix-line-one.patch"
+    alpha_patch.write_text(alpha_patch.read_text().replace("+line_1 = 100\n", "+line_1 = 100  # fixed\n"))
+    code, data, _ = run_cli(fake_project, tmp_path, tool_tests=True)
+    assert code == 0, capsys.readouterr().err
+    assert [p["cached"] for p in data["patches"]] == [False, False] and data["patches"][0]["upstream_baseline_cached"]
+
+
+def test_prune_removes_other_verdict_scopes(project, store_env) -> None:
+    from vllm_overlay import cache, lock
+    from vllm_overlay.store import Store
+    from vllm_overlay.testrun import verdict_store
+
+    the_lock = lock.load(project / "upstream.lock")
+    store = Store()
+    current = store.root / "verdicts" / verdict_store.scope_name(cache.current_key(the_lock), Path("x"))
+    stale = store.root / "verdicts" / "0123456789abcdef01234567-r1"
+    for scope in (current, stale):
+        (scope / "ab").mkdir(parents=True)
+        (scope / "ab" / "abc.json").write_text("{}")
+    (store.root / "baselines").mkdir()  # the store's predecessor
+    removed = {e.path for e in cache.prune(store, the_lock)}
+    assert removed == {stale, store.root / "baselines"}
+    assert current.exists() and not stale.exists()

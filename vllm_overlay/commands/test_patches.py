@@ -10,8 +10,12 @@ installed vllm (a shadow package first on PYTHONPATH; the environment itself is 
   green      the patch's Tests on patches 1..k must PASS.
   upstream   the patch's Upstream-Tests (vLLM's own tests from the upstream tree's tests/, run
              offline with a per-test timeout) after patch k, compared test id by test id with the
-             pristine tree: nothing may go from pass/skip to fail/error/timeout. The pristine
-             baseline is cached per upstream commit and test.
+             pristine tree: nothing may go from pass/skip to fail/error/timeout.
+
+Every result is kept in the verdict store (the cache's verdicts/) under a key made of what decided
+it: the tested tree's git tree id, the content of the test files the run can import, the test
+environment's key and the runner's version. A result whose key is stored is reused without
+starting pytest (the JSON says "cached" per patch; the table shows it); --no-cache runs everything.
 
 After the last patch: every selected patch's Tests together on the full series (one process),
 then the tool tests (tests/tool).
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import time
 from pathlib import Path
 
@@ -88,6 +93,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="limit for one pytest process (default %(default)s)",
     )
     parser.add_argument("--no-tool-tests", action="store_true", help="do not run tests/tool at the end")
+    parser.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="run every test even when the verdict store holds its result (results are stored again)",
+    )
     parser.add_argument(
         "--workdir",
         type=Path,
@@ -164,54 +174,31 @@ def _run(args: argparse.Namespace, proj: project.Project, workdir: Path, started
         run_timeout=args.run_timeout,
         keep_going=args.keep_going,
         tool_tests=not args.no_tool_tests,
+        use_cache=not args.no_cache,
     )
-    salt = env.key or f"given:{env.python}"
-    runner = testrun.Runner(
-        project_root=proj.root,
-        workdir=workdir,
-        patched_repo=patched,
-        upstream_commit=upstream.commit,
-        patch_commits=commits,
-        selected=[p.name for p in selected],
-        python=env.python,
-        installed_package=installed,
-        baseline_dir=store.root / "baselines",
-        baseline_salt=salt,
-        config=config,
-        tool_python=testrun.tool_test_python(env.python) if config.tool_tests else None,
-        info=output.info,
-    )
-    if config.tool_tests and runner.tool_python is None:
+    tool_python = testrun.tool_test_python(env.python) if config.tool_tests else None
+    if config.tool_tests and tool_python is None:
         output.warn("no interpreter with pytest and the tool's dependencies: tool tests are not run")
-
-    # Steps: the prefix before each selected patch, the patch itself, and pristine for baselines.
-    needed = {0}
-    upstream_steps = set()
-    for patch in selected:
-        k = every.index(patch) + 1
-        needed.update({k - 1, k})
-        if testrun.parse_specs(patch.upstream_tests):
-            upstream_steps.add(k)
-    needed.add(len(prefix))
-    step_started = time.monotonic()
     try:
-        for index in sorted(needed):
-            runner.steps[index] = runner.build_step(index, needs_upstream_tests=index in upstream_steps)
-        runner.check_shadow(runner.steps[max(needed)])
-    except (OSError, RuntimeError) as exc:
-        output.error(f"preparing the shadow packages failed: {exc}")
+        result = testrun.run_series(
+            project_root=proj.root,
+            workdir=workdir,
+            patched_repo=patched,
+            upstream_commit=upstream.commit,
+            patch_commits=commits,
+            selected=[p.name for p in selected],
+            python=env.python,
+            env_key=env.key,
+            installed_package=installed,
+            store=store,
+            config=config,
+            tool_python=tool_python,
+            info=output.info,
+        )
+    except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
+        output.error(f"preparing the test trees failed: {exc}")
         return 2
-    output.info(
-        f"{len(needed)} step(s) laid over {installed} in {time.monotonic() - step_started:.1f}s; "
-        f"testing {len(selected)} patch(es) with {config.jobs} process(es) at a time"
-    )
-
-    hypothesis_dir = workdir / "hypothesis"
-    base_env = testrun.base_environment(config.jobs)
-    base_env["HYPOTHESIS_STORAGE_DIRECTORY"] = str(hypothesis_dir)
-    setup_seconds = time.monotonic() - started
-    result = runner.execute(base_env)
-    result.setup_seconds = setup_seconds
+    result.setup_seconds = time.monotonic() - started - result.seconds
     result.extra = {
         "upstream": upstream.to_json(),
         "environment": env.to_json(),

@@ -1,0 +1,147 @@
+"""The verdict store: every result kept under a key made of what decided it (content-addressed).
+
+A key is the digest of: the runner's own version, the test environment's key, the git tree id of
+the tested tree, the test specs, the content of every file the run can import from the project's
+tests (the spec's directory, and the ``*.py`` files of each directory above it: conftests and
+shared helpers), the pytest configuration, and the per-test timeout. Never a time or a branch
+name: the same inputs give the same verdict, so a stored key reuses it without starting pytest
+(the idea of git-test, which skips trees already tested; Bazel's action cache keys on input
+digests the same way).
+
+Entries live in ``<cache>/verdicts/<environment key>-r<runner version>/``; a new environment or
+runner version starts an empty scope, and ``scripts/cache --prune`` removes the other scopes.
+Writes are atomic (a reader never sees half an entry) and taken under the cache's lock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import tomllib
+from pathlib import Path
+
+from vllm_overlay.store import Store
+from vllm_overlay.testrun.verdicts import Result, spec_file
+
+RUNNER_VERSION = 2  # bump when a change alters what a stored result means
+SKIP_PARTS = {"__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache", ".hypothesis"}
+# Tool tests read the library, the scripts, the overlay and the project's own data; not the
+# patch regression tests, the benchmarks or the prose.
+TOOL_EXCLUDED = ("tests/patches/", "tests/upstream/", "benchmarks/", "build/")
+CACHEABLE_EXITS = (0, 1, 4, 5)
+
+
+def scope_name(env_key: str | None, env_python: Path) -> str:
+    if env_key:
+        base = env_key
+    else:  # an environment given from outside: keyed by its interpreter's path
+        base = "given-" + hashlib.sha256(str(env_python).encode()).hexdigest()[:16]
+    return f"{base}-r{RUNNER_VERSION}"
+
+
+def _digest_files(root: Path, rels: list[str]) -> str:
+    digest = hashlib.sha256()
+    for rel in sorted(set(rels)):
+        try:
+            data = (root / rel).read_bytes()
+        except OSError:
+            data = b"<absent>"
+        digest.update(rel.encode() + b"\0" + hashlib.sha256(data).digest())
+    return digest.hexdigest()
+
+
+def _walk(root: Path, directory: Path) -> list[str]:
+    found = []
+    for path in directory.rglob("*"):
+        rel = path.relative_to(root)
+        if path.is_file() and not SKIP_PARTS.intersection(rel.parts) and path.suffix != ".pyc":
+            found.append(rel.as_posix())
+    return found
+
+
+def test_inputs(project_root: Path, spec: str) -> list[str]:
+    """The project files a run of ``spec`` can import: its directory, and ``*.py`` above it."""
+    file = project_root / spec_file(spec)
+    found = _walk(project_root, file.parent) if file.parent.is_dir() else [spec_file(spec)]
+    directory = file.parent.parent
+    while True:
+        if directory.is_dir():
+            found.extend(p.relative_to(project_root).as_posix() for p in directory.glob("*.py"))
+        if directory == project_root or project_root not in directory.parents:
+            break
+        directory = directory.parent
+    return sorted(set(found))
+
+
+def pytest_config(project_root: Path) -> str:
+    """The pytest settings of the project (pyproject.toml [tool.pytest*], pytest.ini, setup.cfg)."""
+    parts = []
+    try:
+        data = tomllib.loads((project_root / "pyproject.toml").read_text(encoding="utf-8"))
+        parts.append(json.dumps(data.get("tool", {}).get("pytest", {}), sort_keys=True))
+    except (OSError, tomllib.TOMLDecodeError):
+        parts.append("")
+    for name in ("pytest.ini", "tox.ini", "setup.cfg"):
+        path = project_root / name
+        parts.append(path.read_text(encoding="utf-8", errors="replace") if path.is_file() else "")
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
+def tests_digest(project_root: Path, specs: list[str]) -> str:
+    rels: list[str] = []
+    for spec in specs:
+        rels.extend(test_inputs(project_root, spec))
+    return _digest_files(project_root, rels) + ":" + pytest_config(project_root)
+
+
+def tool_digest(project_root: Path) -> str:
+    """What the tool tests read: every project file but the patch tests, benchmarks and prose."""
+    listed = subprocess.run(
+        ["git", "-C", str(project_root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        capture_output=True,
+        check=False,
+    )
+    if listed.returncode == 0:
+        rels = [r for r in listed.stdout.decode().split("\0") if r]
+    else:
+        rels = _walk(project_root, project_root)
+    rels = [r for r in rels if not r.startswith(TOOL_EXCLUDED) and not r.endswith(".md")]
+    return _digest_files(project_root, [r for r in rels if (project_root / r).is_file()])
+
+
+class VerdictStore:
+    def __init__(self, store: Store, scope: str, enabled: bool = True) -> None:
+        self.store = store
+        self.root = store.root / "verdicts" / scope
+        self.enabled = enabled  # False (--no-cache): never read, still written
+
+    @staticmethod
+    def key(*parts: object) -> str:
+        return hashlib.sha256(json.dumps([RUNNER_VERSION, *parts], sort_keys=True).encode()).hexdigest()
+
+    def path(self, key: str) -> Path:
+        return self.root / key[:2] / f"{key}.json"
+
+    def load(self, key: str) -> Result | None:
+        if not self.enabled:
+            return None
+        try:
+            data = json.loads(self.path(key).read_text(encoding="utf-8"))
+            return Result.from_json(data["result"]) if data.get("key") == key else None
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def save(self, key: str, result: Result, what: dict[str, object]) -> bool:
+        """Keep ``result`` under ``key`` if it is a finished run (not a crash or a time limit)."""
+        if result.timed_out or result.exit_code not in CACHEABLE_EXITS:
+            return False
+        path = self.path(key)
+        data = {"key": key, "what": what, "result": result.to_json()}
+        with self.store.exclusive():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}")
+            tmp.write_text(json.dumps(data, indent=1, sort_keys=True), encoding="utf-8")
+            os.replace(tmp, path)
+        return True
