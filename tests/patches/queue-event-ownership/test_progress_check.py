@@ -1,183 +1,190 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Regression tests: a progress check (endpoint and metric) that fails when
-requests are active and no engine step completed for a configurable time,
-and stays healthy when idle or while a long prefill keeps completing steps.
+"""Regression tests: /health/progress fails when an engine is stuck inside a
+step, and only then; /health keeps upstream's meaning unless
+VLLM_HEALTH_CHECK_FAILS_ON_STALL is set.
 
-The real FastAPI app routes (instrumentator routers, /metrics included), the
-real AsyncLLM output handler and the real OutputProcessor run here. The
-engine core process is not started (it needs a model and a device): the
-AsyncLLM is built with __new__ as in vLLM's own tests/v1/engine tests, and
-its engine-core client is an in-process asyncio queue of EngineCoreOutputs,
-one batch per completed engine step. Time is a fake clock handed to the
-tracker so no test sleeps.
+Everything runs through the real path: AsyncLLM, the real engine-core process
+(EngineCoreProc with the real EngineCore, Scheduler and busy loop, forked by
+the real launcher), the real ZMQ output sockets and AsyncMPClient, the real
+instrumentator routers. Only the model executor is replaced
+(qeo_fake_executor.FakeExecutor, handed to AsyncLLM as executor_class): the
+real one needs a GPU. Log stats are off, the case in which token-less steps
+send the frontend nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
-from unittest.mock import AsyncMock
+import os
+import threading
+import time
+from collections.abc import AsyncGenerator, Iterator
+from concurrent.futures import Future
+from typing import Any
 
 import httpx
 import pytest
 from fastapi import FastAPI
-from vllm.entrypoints.serve.instrumentator import register_instrumentator_api_routers
-from vllm.sampling_params import SamplingParams
-from vllm.v1.engine import EngineCoreOutputs, EngineCoreRequest
-from vllm.v1.engine.async_llm import AsyncLLM
-from vllm.v1.engine.output_processor import OutputProcessor
 
-MODEL = "qeo-progress-model"
+TIMEOUT_S = 1.0
+TMP = f"/tmp/qeo-progress-{os.getpid()}"
+HANG_FILE = os.path.join(TMP, "hang")
+SLOW_FILE = os.path.join(TMP, "slow")
 
 
-class FakeClock:
+class Server:
+    """An AsyncLLM and the instrumentator app on one event loop thread."""
+
     def __init__(self) -> None:
-        self.now = 1000.0
+        from qeo_fake_executor import FakeExecutor, make_config, write_tiny_model
+        from vllm.entrypoints.serve.instrumentator import register_instrumentator_api_routers
+        from vllm.v1.engine.async_llm import AsyncLLM
 
-    def __call__(self) -> float:
-        return self.now
+        config = make_config(
+            write_tiny_model(os.path.join(TMP, "model")),
+            max_num_batched_tokens=256,
+            max_num_seqs=8,
+            max_model_len=2048,
+            is_encoder_decoder=False,
+        )
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
 
+        async def start() -> Any:
+            return AsyncLLM(config, executor_class=FakeExecutor, log_stats=False)
 
-def make_llm() -> tuple[AsyncLLM, asyncio.Queue]:
-    steps: asyncio.Queue = asyncio.Queue()
-    llm = AsyncLLM.__new__(AsyncLLM)
-    llm.output_processor = OutputProcessor(None, log_stats=False)
-    llm.engine_core = SimpleNamespace(
-        resources=SimpleNamespace(engine_dead=False),
-        get_output_async=steps.get,
-        abort_requests_async=AsyncMock(),
-        shutdown=lambda timeout=None: None,
-    )
-    llm.log_stats = False
-    llm.logger_manager = None
-    llm.renderer = SimpleNamespace(mm_processor_cache=None, stat_mm_cache=lambda: None, shutdown=lambda: None)
-    llm.model_config = SimpleNamespace(served_model_name=MODEL)
-    llm.output_handler = None
-    return llm, steps
+        self.llm = self.run(start())
+        self.app = FastAPI()
+        register_instrumentator_api_routers(self.app)
+        self.app.state.engine_client = self.llm
 
+    def run(self, coro: Any, timeout: float = 60) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
-def add_request(llm: AsyncLLM, request_id: str) -> None:
-    request = EngineCoreRequest(
-        request_id=request_id,
-        prompt_token_ids=[1, 2, 3],
-        mm_features=None,
-        sampling_params=SamplingParams(max_tokens=4),
-        pooling_params=None,
-        arrival_time=0,
-        lora_request=None,
-        cache_salt=None,
-        data_parallel_rank=None,
-    )
-    request.external_req_id = request_id
-    llm.output_processor.add_request(request, None)
+    def submit(self, coro: Any) -> Future:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
+    def get(self, path: str) -> int:
+        async def get() -> int:
+            transport = httpx.ASGITransport(app=self.app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+                return (await c.get(path)).status_code
 
-async def complete_step(steps: asyncio.Queue) -> None:
-    """Deliver one completed step that produced no token (a prefill chunk)
-    and wait until the output handler has taken it."""
-    await steps.put(EngineCoreOutputs(outputs=[]))
-    for _ in range(1000):
-        if steps.empty():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("output handler never consumed the step")
+        return self.run(get())
 
+    async def generate(self, prompt: Any, max_tokens: int, request_id: str) -> list[int]:
+        from vllm.sampling_params import RequestOutputKind, SamplingParams
 
-_APP: FastAPI | None = None
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
+        tokens: list[int] = []
+        async for out in self.llm.generate(prompt, params, request_id):
+            tokens += out.outputs[0].token_ids
+        return tokens
+
+    def shutdown(self) -> None:
+        self.llm.shutdown()
+        self.loop.call_soon_threadsafe(self.loop.stop)
 
 
-def app_for(llm: AsyncLLM) -> FastAPI:
-    # The instrumentator registers process-global Prometheus metrics, so the
-    # routers are mounted once per test process and the client swapped.
-    global _APP
-    if _APP is None:
-        _APP = FastAPI()
-        register_instrumentator_api_routers(_APP)
-    _APP.state.engine_client = llm
-    return _APP
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    os.makedirs(TMP, exist_ok=True)
+    mp = pytest.MonkeyPatch()
+    # Read by the engine-core process (forked with this environment) and the
+    # frontend alike.
+    mp.setenv("VLLM_ENGINE_PROGRESS_TIMEOUT_SECONDS", str(TIMEOUT_S))
+    mp.setenv("QEO_PROGRESS_HANG_FILE", HANG_FILE)
+    mp.setenv("QEO_PROGRESS_SLOW_FILE", SLOW_FILE)
+    mp.setenv("VLLM_WORKER_MULTIPROC_METHOD", "fork")
+    mp.setenv("HF_HUB_OFFLINE", "1")
+    mp.setenv("TRANSFORMERS_OFFLINE", "1")
+    s = Server()
+    try:
+        yield s
+    finally:
+        for f in (HANG_FILE, SLOW_FILE):
+            if os.path.exists(f):
+                os.unlink(f)
+        s.shutdown()
+        mp.undo()
 
 
-async def get(app: FastAPI, path: str) -> httpx.Response:
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
-        return await c.get(path)
+def poll_healthy_while(server: Server, work: Future) -> int:
+    """/health/progress answers while work runs; returns how many polls."""
+    polls = 0
+    while not work.done():
+        assert server.get("/health/progress") == 200
+        polls += 1
+        time.sleep(0.1)
+    work.result()
+    return polls
 
 
-def metric(text: str, name: str) -> float | None:
-    for line in text.splitlines():
-        if line.startswith(name + "{") and f'model_name="{MODEL}"' in line:
-            return float(line.rsplit(" ", 1)[1])
-    return None
+def test_idle_server_is_healthy(server):
+    time.sleep(3 * TIMEOUT_S)
+    assert server.get("/health/progress") == 200
+    assert server.get("/health") == 200
+    assert server.llm.progress_status().seconds_without_progress < TIMEOUT_S
 
 
-def test_progress_check_fails_only_while_busy_without_steps(monkeypatch):
-    """Idle: healthy. Active with no completed step for longer than the
-    configured timeout (0 s here): the progress check fails while /health,
-    the liveness check, still answers 200."""
-    monkeypatch.setenv("VLLM_ENGINE_PROGRESS_TIMEOUT_SECONDS", "0")
+def test_long_prefill_of_tokenless_steps_is_healthy(server):
+    """A 1,500-token prompt in 256-token chunks, 0.4 s a step: 2.4 s of steps
+    that produce no token, more than twice the timeout."""
+    with open(SLOW_FILE, "w") as f:
+        f.write("0.4")
+    try:
+        from vllm.inputs import TokensPrompt
 
-    async def scenario() -> None:
-        llm, _ = make_llm()
-        app = app_for(llm)
-        idle = await get(app, "/health/progress")
-        assert idle.status_code == 200, idle.text
-
-        add_request(llm, "r1")
-        # Let the monotonic clock move past the 0 s timeout.
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        while loop.time() == start:
-            await asyncio.sleep(0)
-        busy = await get(app, "/health/progress")
-        assert busy.status_code == 503, busy.text
-        assert busy.json()["num_active_requests"] == 1
-        assert (await get(app, "/health")).status_code == 200
-
-    asyncio.run(scenario())
+        work = server.submit(server.generate(TokensPrompt(prompt_token_ids=[5] * 1500), 2, "long-prefill"))
+        assert poll_healthy_while(server, work) >= 15
+    finally:
+        os.unlink(SLOW_FILE)
 
 
-def test_long_prefill_progress_stays_healthy_and_stall_shows_in_metric(
-    monkeypatch,
-):
-    """Steps that produce no token (prefill chunks) count as progress; once
-    they stop for longer than the timeout, both endpoint and metric report
-    the stall, and the next step clears it."""
-    monkeypatch.setenv("VLLM_ENGINE_PROGRESS_TIMEOUT_SECONDS", "10")
+def test_idle_streaming_input_session_is_healthy(server):
+    """A streaming-input session whose next chunk comes 3 timeouts later."""
+    from vllm.engine.protocol import StreamingInput
+    from vllm.inputs import TokensPrompt
 
-    async def scenario() -> None:
-        llm, steps = make_llm()
-        clock = FakeClock()
-        llm.output_processor.progress.clock = clock
-        app = app_for(llm)
-        llm._run_output_handler()
-        try:
-            clock.now += 500  # long idle gap before the request: not a stall
-            add_request(llm, "long-prompt")
-            for _ in range(4):  # 4 prefill chunks, 8 s each: 32 s in total
-                clock.now += 8
-                await complete_step(steps)
-                resp = await get(app, "/health/progress")
-                assert resp.status_code == 200, resp.text
+    next_chunk = asyncio.Event()
 
-            clock.now += 11  # the engine stops completing steps
-            resp = await get(app, "/health/progress")
-            assert resp.status_code == 503, resp.text
-            scrape = (await get(app, "/metrics")).text
-            assert metric(scrape, "vllm:engine_progress_stalled") == 1.0
-            assert metric(scrape, "vllm:engine_seconds_without_progress") == 11.0
+    async def chunks() -> AsyncGenerator[StreamingInput, None]:
+        yield StreamingInput(prompt=TokensPrompt(prompt_token_ids=[1, 2, 3]))
+        await next_chunk.wait()
+        yield StreamingInput(prompt=TokensPrompt(prompt_token_ids=[4, 5]))
 
-            await complete_step(steps)
-            resp = await get(app, "/health/progress")
-            assert resp.status_code == 200, resp.text
-            scrape = (await get(app, "/metrics")).text
-            assert metric(scrape, "vllm:engine_progress_stalled") == 0.0
-        finally:
-            assert llm.output_handler is not None
-            llm.output_handler.cancel()
-
-    asyncio.run(scenario())
+    work = server.submit(server.generate(chunks(), 2, "stream"))
+    deadline = time.monotonic() + 3 * TIMEOUT_S
+    while time.monotonic() < deadline:
+        assert server.get("/health/progress") == 200
+        time.sleep(0.1)
+    assert server.llm.output_processor.get_num_unfinished_requests() == 1
+    server.loop.call_soon_threadsafe(next_chunk.set)
+    assert work.result(30)
 
 
-@pytest.fixture(autouse=True)
-def _offline(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+@pytest.mark.parametrize("health_fails_on_stall", [False, True])
+def test_stuck_step_detected_within_timeout(server, monkeypatch, health_fails_on_stall):
+    if health_fails_on_stall:
+        monkeypatch.setenv("VLLM_HEALTH_CHECK_FAILS_ON_STALL", "1")
+    from vllm.inputs import TokensPrompt
+
+    open(HANG_FILE, "w").close()
+    try:
+        start = time.monotonic()
+        work = server.submit(server.generate(TokensPrompt(prompt_token_ids=[1, 2, 3]), 2, f"stuck-{health_fails_on_stall}"))
+        while server.get("/health/progress") == 200:
+            assert time.monotonic() - start < 10 * TIMEOUT_S, "stall never reported"
+            time.sleep(0.05)
+        detected_s = time.monotonic() - start
+        # Timeout plus one report interval (timeout / 4) plus scheduling slack.
+        assert TIMEOUT_S < detected_s < TIMEOUT_S + TIMEOUT_S / 4 + 0.5, detected_s
+        assert server.get("/health") == (503 if health_fails_on_stall else 200)
+    finally:
+        os.unlink(HANG_FILE)
+    assert work.result(30) == [7, 7]
+    # Healthy again from the engine's next report (one interval, timeout / 4).
+    time.sleep(2 * TIMEOUT_S / 4)
+    assert server.get("/health/progress") == 200
+    assert server.get("/health") == 200
