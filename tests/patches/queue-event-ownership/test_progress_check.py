@@ -173,7 +173,8 @@ def test_stuck_step_detected_within_timeout(server, monkeypatch, health_fails_on
     open(HANG_FILE, "w").close()
     try:
         start = time.monotonic()
-        work = server.submit(server.generate(TokensPrompt(prompt_token_ids=[1, 2, 3]), 2, f"stuck-{health_fails_on_stall}"))
+        prompt = TokensPrompt(prompt_token_ids=[1, 2, 3])
+        work = server.submit(server.generate(prompt, 2, f"stuck-{health_fails_on_stall}"))
         while server.get("/health/progress") == 200:
             assert time.monotonic() - start < 10 * TIMEOUT_S, "stall never reported"
             time.sleep(0.05)
