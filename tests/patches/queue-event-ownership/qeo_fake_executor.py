@@ -125,7 +125,7 @@ class FakeExecutor(Executor):
         pass
 
 
-def make_config(model_dir: str, **scheduler: Any) -> VllmConfig:
+def make_config(model_dir: str, kv_transfer_config: Any = None, **scheduler: Any) -> VllmConfig:
     from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig
 
     return VllmConfig(
@@ -133,4 +133,5 @@ def make_config(model_dir: str, **scheduler: Any) -> VllmConfig:
         cache_config=CacheConfig(block_size=BLOCK_SIZE),
         scheduler_config=SchedulerConfig(**scheduler),
         device_config=DeviceConfig(device="cpu"),
+        kv_transfer_config=kv_transfer_config,
     )

@@ -3,18 +3,30 @@
 step, and only then; /health keeps upstream's meaning unless
 VLLM_HEALTH_CHECK_FAILS_ON_STALL is set.
 
-Everything runs through the real path: AsyncLLM, the real engine-core process
-(EngineCoreProc with the real EngineCore, Scheduler and busy loop, forked by
-the real launcher), the real ZMQ output sockets and AsyncMPClient, the real
-instrumentator routers. Only the model executor is replaced
-(qeo_fake_executor.FakeExecutor, handed to AsyncLLM as executor_class): the
-real one needs a GPU. Log stats are off, the case in which token-less steps
-send the frontend nothing.
+Everything runs through the real path, laid out as `vllm serve
+--api-server-count 2` lays it out: the engine-core process is launched for two
+API servers by the real launcher (bind_engine_zmq_listeners,
+launch_core_engines: EngineCoreProc with the real EngineCore, Scheduler and
+busy loop, one output socket per API server), and each API server is a real
+AsyncLLM (AsyncMPClient, its socket reader, the real instrumentator routers)
+given its listeners, client_count and client_index, as an API server process
+gets them. Both frontends live in the test process, on one event loop: the
+API server processes of `vllm serve` would each import vLLM again (an engine
+and two more vLLM processes cost minutes on a CI machine), and what the check
+reads, the socket each frontend's reports arrive on, is the same.
+
+Only two things are replaced. The model executor (qeo_fake_executor.
+FakeExecutor): the real one needs a GPU. And the remote end of a
+disaggregated prefill: a KV connector (qeo_remote_kv_connector), loaded by
+vLLM's KVConnectorFactory from kv_transfer_config, whose transfers never
+finish. Log stats are off, the case in which token-less steps send the
+frontend nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import threading
 import time
@@ -32,32 +44,75 @@ HANG_FILE = os.path.join(TMP, "hang")
 SLOW_FILE = os.path.join(TMP, "slow")
 
 
+NUM_FRONTENDS = 2
+RECORD_FILE = os.path.join(TMP, "remote-kv.json")
+
+
 class Server:
-    """An AsyncLLM and the instrumentator app on one event loop thread."""
+    """One engine core serving two API servers, each an AsyncLLM with the
+    instrumentator app, on one event loop thread."""
 
     def __init__(self) -> None:
         from qeo_fake_executor import FakeExecutor, make_config, write_tiny_model
-        from vllm.entrypoints.serve.instrumentator import register_instrumentator_api_routers
-        from vllm.v1.engine.async_llm import AsyncLLM
+        from vllm.config import KVTransferConfig
+        from vllm.v1.engine.utils import bind_engine_zmq_listeners, launch_core_engines
 
         config = make_config(
             write_tiny_model(os.path.join(TMP, "model")),
+            # A decode instance of a disaggregated prefill deployment.
+            kv_transfer_config=KVTransferConfig(
+                kv_connector="NeverArrivingRemoteKVConnector",
+                kv_connector_module_path="qeo_remote_kv_connector",
+                kv_role="kv_consumer",
+            ),
             max_num_batched_tokens=256,
             max_num_seqs=8,
             max_model_len=2048,
             is_encoder_decoder=False,
         )
+        # As vllm.entrypoints.cli.serve.run_multi_api_server does.
+        config.parallel_config._api_process_count = NUM_FRONTENDS
+        self.listeners = bind_engine_zmq_listeners(config, NUM_FRONTENDS)
+        with launch_core_engines(config, FakeExecutor, False, self.listeners.addresses) as launch:
+            self.engine_manager = launch.engine_manager
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
 
-        async def start() -> Any:
-            return AsyncLLM(config, executor_class=FakeExecutor, log_stats=False)
+        async def start(index: int) -> Any:
+            from vllm.v1.engine.async_llm import AsyncLLM
 
-        self.llm = self.run(start())
-        self.app = FastAPI()
-        register_instrumentator_api_routers(self.app)
-        self.app.state.engine_client = self.llm
+            # The client_config APIServerProcessManager hands API server i.
+            client_config = {
+                "input_address": self.listeners.inputs[index].address,
+                "output_address": self.listeners.outputs[index].address,
+                "input_listener": self.listeners.inputs[index].socket,
+                "output_listener": self.listeners.outputs[index].socket,
+            }
+            return AsyncLLM(
+                config,
+                executor_class=FakeExecutor,
+                log_stats=False,
+                client_addresses=client_config,
+                client_count=NUM_FRONTENDS,
+                client_index=index,
+            )
+
+        self.llms = [self.run(start(i)) for i in range(NUM_FRONTENDS)]
+        self.apps = [self.make_app(llm) for llm in self.llms]
+
+    @property
+    def llm(self) -> Any:
+        return self.llms[0]
+
+    @staticmethod
+    def make_app(llm: Any) -> FastAPI:
+        from vllm.entrypoints.serve.instrumentator import register_instrumentator_api_routers
+
+        app = FastAPI()
+        register_instrumentator_api_routers(app)
+        app.state.engine_client = llm
+        return app
 
     def run(self, coro: Any, timeout: float = 60) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
@@ -65,26 +120,35 @@ class Server:
     def submit(self, coro: Any) -> Future:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
-    def get(self, path: str) -> int:
+    def get(self, path: str, frontend: int = 0) -> int:
         async def get() -> int:
-            transport = httpx.ASGITransport(app=self.app)
+            transport = httpx.ASGITransport(app=self.apps[frontend])
             async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
                 return (await c.get(path)).status_code
 
         return self.run(get())
 
-    async def generate(self, prompt: Any, max_tokens: int, request_id: str) -> list[int]:
+    async def generate(self, prompt: Any, max_tokens: int, request_id: str, **extra_args: Any) -> list[int]:
         from vllm.sampling_params import RequestOutputKind, SamplingParams
 
-        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            ignore_eos=True,
+            output_kind=RequestOutputKind.DELTA,
+            extra_args=extra_args or None,
+        )
         tokens: list[int] = []
         async for out in self.llm.generate(prompt, params, request_id):
             tokens += out.outputs[0].token_ids
         return tokens
 
     def shutdown(self) -> None:
-        self.llm.shutdown()
+        for llm in self.llms:
+            llm.shutdown()
         self.loop.call_soon_threadsafe(self.loop.stop)
+        if self.engine_manager is not None:
+            self.engine_manager.shutdown()
+        self.listeners.cleanup()
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +160,7 @@ def server() -> Iterator[Server]:
     mp.setenv("VLLM_ENGINE_PROGRESS_TIMEOUT_SECONDS", str(TIMEOUT_S))
     mp.setenv("QEO_PROGRESS_HANG_FILE", HANG_FILE)
     mp.setenv("QEO_PROGRESS_SLOW_FILE", SLOW_FILE)
+    mp.setenv("QEO_REMOTE_KV_RECORD", RECORD_FILE)
     mp.setenv("VLLM_WORKER_MULTIPROC_METHOD", "fork")
     mp.setenv("HF_HUB_OFFLINE", "1")
     mp.setenv("TRANSFORMERS_OFFLINE", "1")
@@ -103,7 +168,7 @@ def server() -> Iterator[Server]:
     try:
         yield s
     finally:
-        for f in (HANG_FILE, SLOW_FILE):
+        for f in (HANG_FILE, SLOW_FILE, RECORD_FILE):
             if os.path.exists(f):
                 os.unlink(f)
         s.shutdown()
@@ -123,8 +188,9 @@ def poll_healthy_while(server: Server, work: Future) -> int:
 
 def test_idle_server_is_healthy(server):
     time.sleep(3 * TIMEOUT_S)
-    assert server.get("/health/progress") == 200
-    assert server.get("/health") == 200
+    for frontend in range(NUM_FRONTENDS):
+        assert server.get("/health/progress", frontend) == 200
+        assert server.get("/health", frontend) == 200
     assert server.llm.progress_status().seconds_without_progress < TIMEOUT_S
 
 
@@ -189,3 +255,60 @@ def test_stuck_step_detected_within_timeout(server, monkeypatch, health_fails_on
     time.sleep(2 * TIMEOUT_S / 4)
     assert server.get("/health/progress") == 200
     assert server.get("/health") == 200
+
+
+def test_request_waiting_for_remote_kv_is_healthy(server):
+    """A decode request whose prompt KV the prefill instance never sends: the
+    scheduler holds it in WAITING_FOR_REMOTE_KVS, polling it every step, for
+    three timeouts."""
+    from vllm.inputs import TokensPrompt
+
+    prompt = TokensPrompt(prompt_token_ids=list(range(1, 34)))
+    remote = {"do_remote_prefill": True}
+    work = server.submit(server.generate(prompt, 2, "remote-kv", kv_transfer_params=remote))
+    deadline = time.monotonic() + 3 * TIMEOUT_S
+    while time.monotonic() < deadline:
+        assert server.get("/health/progress") == 200
+        time.sleep(0.1)
+    # What the engine's scheduler did with it, as its connector saw it on
+    # the latest step.
+    with open(RECORD_FILE) as f:
+        record = json.load(f)
+    assert record["status"] == "WAITING_FOR_REMOTE_KVS", record
+    assert record["seconds_waiting"] > 2 * TIMEOUT_S, record
+    assert not work.done()
+
+    work.cancel()
+    # The abort reaches the scheduler, which releases the request through
+    # its connector.
+    deadline = time.monotonic() + 30
+    while not record["finished"]:
+        assert time.monotonic() < deadline, record
+        time.sleep(0.05)
+        with open(RECORD_FILE) as f:
+            record = json.load(f)
+    assert record["status"] == "FINISHED_ABORTED", record
+
+
+def test_every_frontend_sees_a_stuck_step(server):
+    """Reports go to every API server: frontend 1, with no request of its
+    own, detects a step hung on frontend 0's request as soon as frontend 0."""
+    from vllm.inputs import TokensPrompt
+
+    open(HANG_FILE, "w").close()
+    try:
+        start = time.monotonic()
+        work = server.submit(server.generate(TokensPrompt(prompt_token_ids=[1, 2, 3]), 2, "stuck-all"))
+        while server.get("/health/progress", frontend=1) == 200:
+            assert time.monotonic() - start < 10 * TIMEOUT_S, "stall never reported to frontend 1"
+            time.sleep(0.05)
+        detected_s = time.monotonic() - start
+        assert TIMEOUT_S < detected_s < TIMEOUT_S + TIMEOUT_S / 4 + 0.5, detected_s
+        assert server.get("/health/progress", frontend=0) == 503
+        assert server.llms[1].output_processor.get_num_unfinished_requests() == 0
+    finally:
+        os.unlink(HANG_FILE)
+    assert work.result(30) == [7, 7]
+    time.sleep(2 * TIMEOUT_S / 4)
+    for frontend in range(NUM_FRONTENDS):
+        assert server.get("/health/progress", frontend) == 200
