@@ -1,183 +1,314 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Regression tests: a progress check (endpoint and metric) that fails when
-requests are active and no engine step completed for a configurable time,
-and stays healthy when idle or while a long prefill keeps completing steps.
+"""Regression tests: /health/progress fails when an engine is stuck inside a
+step, and only then; /health keeps upstream's meaning unless
+VLLM_HEALTH_CHECK_FAILS_ON_STALL is set.
 
-The real FastAPI app routes (instrumentator routers, /metrics included), the
-real AsyncLLM output handler and the real OutputProcessor run here. The
-engine core process is not started (it needs a model and a device): the
-AsyncLLM is built with __new__ as in vLLM's own tests/v1/engine tests, and
-its engine-core client is an in-process asyncio queue of EngineCoreOutputs,
-one batch per completed engine step. Time is a fake clock handed to the
-tracker so no test sleeps.
+Everything runs through the real path, laid out as `vllm serve
+--api-server-count 2` lays it out: the engine-core process is launched for two
+API servers by the real launcher (bind_engine_zmq_listeners,
+launch_core_engines: EngineCoreProc with the real EngineCore, Scheduler and
+busy loop, one output socket per API server), and each API server is a real
+AsyncLLM (AsyncMPClient, its socket reader, the real instrumentator routers)
+given its listeners, client_count and client_index, as an API server process
+gets them. Both frontends live in the test process, on one event loop: the
+API server processes of `vllm serve` would each import vLLM again (an engine
+and two more vLLM processes cost minutes on a CI machine), and what the check
+reads, the socket each frontend's reports arrive on, is the same.
+
+Only two things are replaced. The model executor (qeo_fake_executor.
+FakeExecutor): the real one needs a GPU. And the remote end of a
+disaggregated prefill: a KV connector (qeo_remote_kv_connector), loaded by
+vLLM's KVConnectorFactory from kv_transfer_config, whose transfers never
+finish. Log stats are off, the case in which token-less steps send the
+frontend nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
-from unittest.mock import AsyncMock
+import json
+import os
+import threading
+import time
+from collections.abc import AsyncGenerator, Iterator
+from concurrent.futures import Future
+from typing import Any
 
 import httpx
 import pytest
 from fastapi import FastAPI
-from vllm.entrypoints.serve.instrumentator import register_instrumentator_api_routers
-from vllm.sampling_params import SamplingParams
-from vllm.v1.engine import EngineCoreOutputs, EngineCoreRequest
-from vllm.v1.engine.async_llm import AsyncLLM
-from vllm.v1.engine.output_processor import OutputProcessor
 
-MODEL = "qeo-progress-model"
+TIMEOUT_S = 1.0
+TMP = f"/tmp/qeo-progress-{os.getpid()}"
+HANG_FILE = os.path.join(TMP, "hang")
+SLOW_FILE = os.path.join(TMP, "slow")
 
 
-class FakeClock:
+NUM_FRONTENDS = 2
+RECORD_FILE = os.path.join(TMP, "remote-kv.json")
+
+
+class Server:
+    """One engine core serving two API servers, each an AsyncLLM with the
+    instrumentator app, on one event loop thread."""
+
     def __init__(self) -> None:
-        self.now = 1000.0
+        from qeo_fake_executor import FakeExecutor, make_config, write_tiny_model
+        from vllm.config import KVTransferConfig
+        from vllm.v1.engine.utils import bind_engine_zmq_listeners, launch_core_engines
 
-    def __call__(self) -> float:
-        return self.now
+        config = make_config(
+            write_tiny_model(os.path.join(TMP, "model")),
+            # A decode instance of a disaggregated prefill deployment.
+            kv_transfer_config=KVTransferConfig(
+                kv_connector="NeverArrivingRemoteKVConnector",
+                kv_connector_module_path="qeo_remote_kv_connector",
+                kv_role="kv_consumer",
+            ),
+            max_num_batched_tokens=256,
+            max_num_seqs=8,
+            max_model_len=2048,
+            is_encoder_decoder=False,
+        )
+        # As vllm.entrypoints.cli.serve.run_multi_api_server does.
+        config.parallel_config._api_process_count = NUM_FRONTENDS
+        self.listeners = bind_engine_zmq_listeners(config, NUM_FRONTENDS)
+        with launch_core_engines(config, FakeExecutor, False, self.listeners.addresses) as launch:
+            self.engine_manager = launch.engine_manager
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
 
+        async def start(index: int) -> Any:
+            from vllm.v1.engine.async_llm import AsyncLLM
 
-def make_llm() -> tuple[AsyncLLM, asyncio.Queue]:
-    steps: asyncio.Queue = asyncio.Queue()
-    llm = AsyncLLM.__new__(AsyncLLM)
-    llm.output_processor = OutputProcessor(None, log_stats=False)
-    llm.engine_core = SimpleNamespace(
-        resources=SimpleNamespace(engine_dead=False),
-        get_output_async=steps.get,
-        abort_requests_async=AsyncMock(),
-        shutdown=lambda timeout=None: None,
-    )
-    llm.log_stats = False
-    llm.logger_manager = None
-    llm.renderer = SimpleNamespace(mm_processor_cache=None, stat_mm_cache=lambda: None, shutdown=lambda: None)
-    llm.model_config = SimpleNamespace(served_model_name=MODEL)
-    llm.output_handler = None
-    return llm, steps
+            # The client_config APIServerProcessManager hands API server i.
+            client_config = {
+                "input_address": self.listeners.inputs[index].address,
+                "output_address": self.listeners.outputs[index].address,
+                "input_listener": self.listeners.inputs[index].socket,
+                "output_listener": self.listeners.outputs[index].socket,
+            }
+            return AsyncLLM(
+                config,
+                executor_class=FakeExecutor,
+                log_stats=False,
+                client_addresses=client_config,
+                client_count=NUM_FRONTENDS,
+                client_index=index,
+            )
 
+        self.llms = [self.run(start(i)) for i in range(NUM_FRONTENDS)]
+        self.apps = [self.make_app(llm) for llm in self.llms]
 
-def add_request(llm: AsyncLLM, request_id: str) -> None:
-    request = EngineCoreRequest(
-        request_id=request_id,
-        prompt_token_ids=[1, 2, 3],
-        mm_features=None,
-        sampling_params=SamplingParams(max_tokens=4),
-        pooling_params=None,
-        arrival_time=0,
-        lora_request=None,
-        cache_salt=None,
-        data_parallel_rank=None,
-    )
-    request.external_req_id = request_id
-    llm.output_processor.add_request(request, None)
+    @property
+    def llm(self) -> Any:
+        return self.llms[0]
 
+    @staticmethod
+    def make_app(llm: Any) -> FastAPI:
+        from vllm.entrypoints.serve.instrumentator import register_instrumentator_api_routers
 
-async def complete_step(steps: asyncio.Queue) -> None:
-    """Deliver one completed step that produced no token (a prefill chunk)
-    and wait until the output handler has taken it."""
-    await steps.put(EngineCoreOutputs(outputs=[]))
-    for _ in range(1000):
-        if steps.empty():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("output handler never consumed the step")
+        app = FastAPI()
+        register_instrumentator_api_routers(app)
+        app.state.engine_client = llm
+        return app
 
+    def run(self, coro: Any, timeout: float = 60) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
-_APP: FastAPI | None = None
+    def submit(self, coro: Any) -> Future:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
+    def get(self, path: str, frontend: int = 0) -> int:
+        async def get() -> int:
+            transport = httpx.ASGITransport(app=self.apps[frontend])
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+                return (await c.get(path)).status_code
 
-def app_for(llm: AsyncLLM) -> FastAPI:
-    # The instrumentator registers process-global Prometheus metrics, so the
-    # routers are mounted once per test process and the client swapped.
-    global _APP
-    if _APP is None:
-        _APP = FastAPI()
-        register_instrumentator_api_routers(_APP)
-    _APP.state.engine_client = llm
-    return _APP
+        return self.run(get())
 
+    async def generate(self, prompt: Any, max_tokens: int, request_id: str, **extra_args: Any) -> list[int]:
+        from vllm.sampling_params import RequestOutputKind, SamplingParams
 
-async def get(app: FastAPI, path: str) -> httpx.Response:
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
-        return await c.get(path)
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            ignore_eos=True,
+            output_kind=RequestOutputKind.DELTA,
+            extra_args=extra_args or None,
+        )
+        tokens: list[int] = []
+        async for out in self.llm.generate(prompt, params, request_id):
+            tokens += out.outputs[0].token_ids
+        return tokens
 
-
-def metric(text: str, name: str) -> float | None:
-    for line in text.splitlines():
-        if line.startswith(name + "{") and f'model_name="{MODEL}"' in line:
-            return float(line.rsplit(" ", 1)[1])
-    return None
-
-
-def test_progress_check_fails_only_while_busy_without_steps(monkeypatch):
-    """Idle: healthy. Active with no completed step for longer than the
-    configured timeout (0 s here): the progress check fails while /health,
-    the liveness check, still answers 200."""
-    monkeypatch.setenv("VLLM_ENGINE_PROGRESS_TIMEOUT_SECONDS", "0")
-
-    async def scenario() -> None:
-        llm, _ = make_llm()
-        app = app_for(llm)
-        idle = await get(app, "/health/progress")
-        assert idle.status_code == 200, idle.text
-
-        add_request(llm, "r1")
-        # Let the monotonic clock move past the 0 s timeout.
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        while loop.time() == start:
-            await asyncio.sleep(0)
-        busy = await get(app, "/health/progress")
-        assert busy.status_code == 503, busy.text
-        assert busy.json()["num_active_requests"] == 1
-        assert (await get(app, "/health")).status_code == 200
-
-    asyncio.run(scenario())
+    def shutdown(self) -> None:
+        for llm in self.llms:
+            llm.shutdown()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        if self.engine_manager is not None:
+            self.engine_manager.shutdown()
+        self.listeners.cleanup()
 
 
-def test_long_prefill_progress_stays_healthy_and_stall_shows_in_metric(
-    monkeypatch,
-):
-    """Steps that produce no token (prefill chunks) count as progress; once
-    they stop for longer than the timeout, both endpoint and metric report
-    the stall, and the next step clears it."""
-    monkeypatch.setenv("VLLM_ENGINE_PROGRESS_TIMEOUT_SECONDS", "10")
-
-    async def scenario() -> None:
-        llm, steps = make_llm()
-        clock = FakeClock()
-        llm.output_processor.progress.clock = clock
-        app = app_for(llm)
-        llm._run_output_handler()
-        try:
-            clock.now += 500  # long idle gap before the request: not a stall
-            add_request(llm, "long-prompt")
-            for _ in range(4):  # 4 prefill chunks, 8 s each: 32 s in total
-                clock.now += 8
-                await complete_step(steps)
-                resp = await get(app, "/health/progress")
-                assert resp.status_code == 200, resp.text
-
-            clock.now += 11  # the engine stops completing steps
-            resp = await get(app, "/health/progress")
-            assert resp.status_code == 503, resp.text
-            scrape = (await get(app, "/metrics")).text
-            assert metric(scrape, "vllm:engine_progress_stalled") == 1.0
-            assert metric(scrape, "vllm:engine_seconds_without_progress") == 11.0
-
-            await complete_step(steps)
-            resp = await get(app, "/health/progress")
-            assert resp.status_code == 200, resp.text
-            scrape = (await get(app, "/metrics")).text
-            assert metric(scrape, "vllm:engine_progress_stalled") == 0.0
-        finally:
-            assert llm.output_handler is not None
-            llm.output_handler.cancel()
-
-    asyncio.run(scenario())
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    os.makedirs(TMP, exist_ok=True)
+    mp = pytest.MonkeyPatch()
+    # Read by the engine-core process (forked with this environment) and the
+    # frontend alike.
+    mp.setenv("VLLM_ENGINE_PROGRESS_TIMEOUT_SECONDS", str(TIMEOUT_S))
+    mp.setenv("QEO_PROGRESS_HANG_FILE", HANG_FILE)
+    mp.setenv("QEO_PROGRESS_SLOW_FILE", SLOW_FILE)
+    mp.setenv("QEO_REMOTE_KV_RECORD", RECORD_FILE)
+    mp.setenv("VLLM_WORKER_MULTIPROC_METHOD", "fork")
+    mp.setenv("HF_HUB_OFFLINE", "1")
+    mp.setenv("TRANSFORMERS_OFFLINE", "1")
+    s = Server()
+    try:
+        yield s
+    finally:
+        for f in (HANG_FILE, SLOW_FILE, RECORD_FILE):
+            if os.path.exists(f):
+                os.unlink(f)
+        s.shutdown()
+        mp.undo()
 
 
-@pytest.fixture(autouse=True)
-def _offline(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+def poll_healthy_while(server: Server, work: Future) -> int:
+    """/health/progress answers while work runs; returns how many polls."""
+    polls = 0
+    while not work.done():
+        assert server.get("/health/progress") == 200
+        polls += 1
+        time.sleep(0.1)
+    work.result()
+    return polls
+
+
+def test_idle_server_is_healthy(server):
+    time.sleep(3 * TIMEOUT_S)
+    for frontend in range(NUM_FRONTENDS):
+        assert server.get("/health/progress", frontend) == 200
+        assert server.get("/health", frontend) == 200
+    assert server.llm.progress_status().seconds_without_progress < TIMEOUT_S
+
+
+def test_long_prefill_of_tokenless_steps_is_healthy(server):
+    """A 1,500-token prompt in 256-token chunks, 0.4 s a step: 2.4 s of steps
+    that produce no token, more than twice the timeout."""
+    with open(SLOW_FILE, "w") as f:
+        f.write("0.4")
+    try:
+        from vllm.inputs import TokensPrompt
+
+        work = server.submit(server.generate(TokensPrompt(prompt_token_ids=[5] * 1500), 2, "long-prefill"))
+        assert poll_healthy_while(server, work) >= 15
+    finally:
+        os.unlink(SLOW_FILE)
+
+
+def test_idle_streaming_input_session_is_healthy(server):
+    """A streaming-input session whose next chunk comes 3 timeouts later."""
+    from vllm.engine.protocol import StreamingInput
+    from vllm.inputs import TokensPrompt
+
+    next_chunk = asyncio.Event()
+
+    async def chunks() -> AsyncGenerator[StreamingInput, None]:
+        yield StreamingInput(prompt=TokensPrompt(prompt_token_ids=[1, 2, 3]))
+        await next_chunk.wait()
+        yield StreamingInput(prompt=TokensPrompt(prompt_token_ids=[4, 5]))
+
+    work = server.submit(server.generate(chunks(), 2, "stream"))
+    deadline = time.monotonic() + 3 * TIMEOUT_S
+    while time.monotonic() < deadline:
+        assert server.get("/health/progress") == 200
+        time.sleep(0.1)
+    assert server.llm.output_processor.get_num_unfinished_requests() == 1
+    server.loop.call_soon_threadsafe(next_chunk.set)
+    assert work.result(30)
+
+
+@pytest.mark.parametrize("health_fails_on_stall", [False, True])
+def test_stuck_step_detected_within_timeout(server, monkeypatch, health_fails_on_stall):
+    if health_fails_on_stall:
+        monkeypatch.setenv("VLLM_HEALTH_CHECK_FAILS_ON_STALL", "1")
+    from vllm.inputs import TokensPrompt
+
+    open(HANG_FILE, "w").close()
+    try:
+        start = time.monotonic()
+        prompt = TokensPrompt(prompt_token_ids=[1, 2, 3])
+        work = server.submit(server.generate(prompt, 2, f"stuck-{health_fails_on_stall}"))
+        while server.get("/health/progress") == 200:
+            assert time.monotonic() - start < 10 * TIMEOUT_S, "stall never reported"
+            time.sleep(0.05)
+        detected_s = time.monotonic() - start
+        # Timeout plus one report interval (timeout / 4) plus scheduling slack.
+        assert TIMEOUT_S < detected_s < TIMEOUT_S + TIMEOUT_S / 4 + 0.5, detected_s
+        assert server.get("/health") == (503 if health_fails_on_stall else 200)
+    finally:
+        os.unlink(HANG_FILE)
+    assert work.result(30) == [7, 7]
+    # Healthy again from the engine's next report (one interval, timeout / 4).
+    time.sleep(2 * TIMEOUT_S / 4)
+    assert server.get("/health/progress") == 200
+    assert server.get("/health") == 200
+
+
+def test_request_waiting_for_remote_kv_is_healthy(server):
+    """A decode request whose prompt KV the prefill instance never sends: the
+    scheduler holds it in WAITING_FOR_REMOTE_KVS, polling it every step, for
+    three timeouts."""
+    from vllm.inputs import TokensPrompt
+
+    prompt = TokensPrompt(prompt_token_ids=list(range(1, 34)))
+    remote = {"do_remote_prefill": True}
+    work = server.submit(server.generate(prompt, 2, "remote-kv", kv_transfer_params=remote))
+    deadline = time.monotonic() + 3 * TIMEOUT_S
+    while time.monotonic() < deadline:
+        assert server.get("/health/progress") == 200
+        time.sleep(0.1)
+    # What the engine's scheduler did with it, as its connector saw it on
+    # the latest step.
+    with open(RECORD_FILE) as f:
+        record = json.load(f)
+    assert record["status"] == "WAITING_FOR_REMOTE_KVS", record
+    assert record["seconds_waiting"] > 2 * TIMEOUT_S, record
+    assert not work.done()
+
+    work.cancel()
+    # The abort reaches the scheduler, which releases the request through
+    # its connector.
+    deadline = time.monotonic() + 30
+    while not record["finished"]:
+        assert time.monotonic() < deadline, record
+        time.sleep(0.05)
+        with open(RECORD_FILE) as f:
+            record = json.load(f)
+    assert record["status"] == "FINISHED_ABORTED", record
+
+
+def test_every_frontend_sees_a_stuck_step(server):
+    """Reports go to every API server: frontend 1, with no request of its
+    own, detects a step hung on frontend 0's request as soon as frontend 0."""
+    from vllm.inputs import TokensPrompt
+
+    open(HANG_FILE, "w").close()
+    try:
+        start = time.monotonic()
+        work = server.submit(server.generate(TokensPrompt(prompt_token_ids=[1, 2, 3]), 2, "stuck-all"))
+        while server.get("/health/progress", frontend=1) == 200:
+            assert time.monotonic() - start < 10 * TIMEOUT_S, "stall never reported to frontend 1"
+            time.sleep(0.05)
+        detected_s = time.monotonic() - start
+        assert TIMEOUT_S < detected_s < TIMEOUT_S + TIMEOUT_S / 4 + 0.5, detected_s
+        assert server.get("/health/progress", frontend=0) == 503
+        assert server.llms[1].output_processor.get_num_unfinished_requests() == 0
+    finally:
+        os.unlink(HANG_FILE)
+    assert work.result(30) == [7, 7]
+    time.sleep(2 * TIMEOUT_S / 4)
+    for frontend in range(NUM_FRONTENDS):
+        assert server.get("/health/progress", frontend) == 200
