@@ -35,7 +35,8 @@ COPY layers/04-byte-accounting/ ${VLLM_SITE_PACKAGES}/
 COPY layers/05-queue-event-ownership/ ${VLLM_SITE_PACKAGES}/
 # <<< series layers <<<
 
-# Beside the package (never inside it): the provenance package, its manifest and its vLLM plugin entry point.
+# Beside the package (never inside it): the provenance package, its manifest, its CycloneDX SBOM
+# (vllm_overlay_status/sbom.cdx.json; `python3 -m vllm_overlay_status sbom` prints it) and its vLLM plugin entry point.
 COPY overlay/ ${VLLM_SITE_PACKAGES}/
 # Byte-compile what changed (checked-hash pycs: valid whatever the files' mtimes).
 RUN PYTHONDONTWRITEBYTECODE=1 ${PYTHON} -m vllm_overlay_status compile --site-packages "${VLLM_SITE_PACKAGES}"
@@ -56,6 +57,7 @@ ARG OVERLAY_UPSTREAM_COMMIT=
 ARG OVERLAY_SERIES_SHA256=
 ARG OVERLAY_SERIES=
 ARG OVERLAY_MANIFEST_SHA256=
+ARG OVERLAY_SBOM_SHA256=
 LABEL org.opencontainers.image.title="vllm-overlay" \
       org.opencontainers.image.description="vLLM with an ordered patch series laid over the locked upstream image" \
       org.opencontainers.image.base.name="${OVERLAY_BASE_NAME}" \
@@ -68,4 +70,6 @@ LABEL org.opencontainers.image.title="vllm-overlay" \
       vllm-overlay.upstream.commit="${OVERLAY_UPSTREAM_COMMIT}" \
       vllm-overlay.series.sha256="${OVERLAY_SERIES_SHA256}" \
       vllm-overlay.series="${OVERLAY_SERIES}" \
-      vllm-overlay.manifest.sha256="${OVERLAY_MANIFEST_SHA256}"
+      vllm-overlay.manifest.sha256="${OVERLAY_MANIFEST_SHA256}" \
+      vllm-overlay.sbom="${VLLM_SITE_PACKAGES}/vllm_overlay_status/sbom.cdx.json" \
+      vllm-overlay.sbom.sha256="${OVERLAY_SBOM_SHA256}"

@@ -26,7 +26,7 @@ from pathlib import Path, PurePosixPath
 
 import unidiff
 
-from vllm_overlay import record
+from vllm_overlay import record, sbom
 from vllm_overlay.lock import Lock
 from vllm_overlay.project import Project
 from vllm_overlay.series import PATCH_FILE_TRAILER, Patch, series_names
@@ -449,6 +449,16 @@ def stage(
         }
         manifest_text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
         _write(overlay / STATUS_PACKAGE / MANIFEST_NAME, manifest_text.encode())
+        sbom_text = sbom.render(
+            sbom.build(
+                lock,
+                patches,
+                series_sha256=manifest["series_sha256"],
+                status_version=_own_dist_info(overlay).name.removesuffix(".dist-info").split("-", 1)[1],
+                created=datetime.fromtimestamp(epoch, UTC),
+            )
+        )
+        _write(overlay / STATUS_PACKAGE / sbom.FILENAME, sbom_text.encode())
         _write_record(overlay)
         base = base_image or (f"{lock.base_image}@{lock.base_digest}" if lock.base_digest else lock.base_image)
         digest = base_digest if base_digest is not None else lock.base_digest
@@ -465,6 +475,7 @@ def stage(
             "vllm-overlay.series.sha256": manifest["series_sha256"],
             "vllm-overlay.series": ",".join(layer.name for layer in layers),
             "vllm-overlay.manifest.sha256": sha256_bytes(manifest_text.encode()),
+            "vllm-overlay.sbom.sha256": sha256_bytes(sbom_text.encode()),
         }
         build_args = {
             "BASE_IMAGE": base,
@@ -480,6 +491,7 @@ def stage(
             "OVERLAY_SERIES_SHA256": labels["vllm-overlay.series.sha256"],
             "OVERLAY_SERIES": labels["vllm-overlay.series"],
             "OVERLAY_MANIFEST_SHA256": labels["vllm-overlay.manifest.sha256"],
+            "OVERLAY_SBOM_SHA256": labels["vllm-overlay.sbom.sha256"],
         }
         block = render_block(layers)
         dockerfile = render_dockerfile(template_path.read_text(encoding="utf-8"), block, build_args)

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_overlay import engine, envs, image, lock, output, project, record, series, shadow
+from vllm_overlay import engine, envs, image, lock, output, project, record, sbom, series, shadow
 from vllm_overlay.store import Store
 
 STANDIN = "localhost/vllm-openai-standin:v{version}-py"  # -py: carries the .py files only (see carry_files)
@@ -296,6 +296,12 @@ def run_checks(proj: project.Project, options: Options, build: Build) -> int:
         )
         if "vllm_overlay_status.plugin:register" not in entry[1]:
             failures.append(f"plugin entry point not registered: {entry[1].strip()}")
+        code, text = eng.run(TAG, ["python3", "-m", "vllm_overlay_status", "sbom"])
+        sbom_problems = [f"exit {code}"] if code != 0 else sbom.problems(text, [p.name for p in patches])
+        if sbom_problems:
+            failures.append("the image's SBOM: " + "; ".join(sbom_problems))
+        else:
+            figures.append(f"SBOM: valid CycloneDX {sbom.SCHEMA.to_version()}, pedigree = the {len(patches)} patches")
         plugin = ["python3", "-c", "from vllm_overlay_status.plugin import register; register()"]
         if eng.run(TAG, plugin)[0] != 0:
             failures.append("the plugin fails on the untampered image")

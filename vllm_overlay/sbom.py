@@ -119,9 +119,12 @@ def render(bom: Bom) -> str:
 
 def problems(text: str, patch_names: Sequence[str]) -> list[str]:
     """Schema errors of an SBOM, and any difference between its patches and the series' (in order)."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return [f"not JSON: {exc}"]
     errors = JsonStrictValidator(SCHEMA).validate_str(text, all_errors=True)
     found = [f"schema: {error}" for error in (errors or [])]
-    data = json.loads(text)
     vllm = next((c for c in data.get("components", []) if c.get("name") == "vllm"), None)
     if vllm is None:
         return [*found, "no vllm component"]

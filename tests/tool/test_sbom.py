@@ -58,3 +58,8 @@ def test_problems_name_a_missing_patch_and_a_schema_error():
     broken = json.loads(text)
     broken["components"][0]["type"] = "no-such-type"
     assert any(p.startswith("schema:") for p in sbom.problems(json.dumps(broken), [p.name for p in patches[:-1]]))
+
+
+def test_problems_of_text_that_is_not_json():
+    (problem,) = sbom.problems("Traceback (most recent call last):", [])
+    assert problem.startswith("not JSON:")
