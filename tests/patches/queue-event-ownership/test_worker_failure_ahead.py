@@ -160,6 +160,27 @@ def test_failure_on_rank_1_while_rank_0_blocks_in_collective(monkeypatch, method
         pipe.close()
 
 
+def test_every_rank_failing_is_reported_once(monkeypatch):
+    """TP=2, a collective RPC on which both ranks fail: the RPC raises, and
+    the rank whose failure was read second does not fail the next RPC."""
+    calls = {0: 0, 1: 0}
+
+    def step(rank: int, method: str, batch: Any) -> Any:
+        calls[rank] += 1
+        if calls[rank] == 1:
+            raise RuntimeError(f"rank {rank}: out of memory")
+        return f"rank {rank} healthy"
+
+    pipe = Pipeline(monkeypatch, step, world_size=2, async_scheduling=False)
+    try:
+        with pytest.raises(RuntimeError, match="out of memory"):
+            pipe.executor.collective_rpc("check_health")
+        assert pipe.executor.collective_rpc("check_health") == ["rank 0 healthy", "rank 1 healthy"]
+        assert not pipe.executor.is_failed
+    finally:
+        pipe.close()
+
+
 def test_successful_outputs_keep_order(monkeypatch):
     """Ordering guard: a slow earlier output is still delivered before a
     fast later one, each to its own RPC."""
