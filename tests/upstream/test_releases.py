@@ -29,7 +29,6 @@ BYTES = "byte-accounting/platforms-size-hybrid-kv-pages-by-the-bytes-each-layer-
 OFFLOAD = "queue-event-ownership/simple-kv-offload-give-each-store-its-own-event-flush-queued.patch"
 FAILURE = "queue-event-ownership/executor-send-worker-failures-ahead-of-stuck-async-outputs.patch"
 PROGRESS = "queue-event-ownership/health-add-a-progress-check-that-fails-when-active-work.patch"
-BOUND = "queue-event-ownership/executor-bound-unsent-async-outputs-by-max-concurrent.patch"
 
 # (status, decision, Targets reported as changed since 0.33.0, by AST)
 ENGRAM = {
@@ -46,6 +45,7 @@ EXECUTOR = {
     "vllm.v1.executor.multiproc_executor:MultiprocExecutor.collective_rpc",
     "vllm.v1.executor.multiproc_executor:WorkerProc.ResponseStatus",
     "vllm.v1.executor.multiproc_executor:WorkerProc.enqueue_output",
+    "vllm.v1.executor.multiproc_executor:WorkerProc._execute_worker_rpc",
 }
 OUTPUT_HANDLER = {"vllm.v1.engine.async_llm:AsyncLLM._run_output_handler"}
 EXPECTED = {
@@ -59,7 +59,6 @@ EXPECTED = {
         OFFLOAD: ("offset", "refresh", OFFLOAD_INIT),
         FAILURE: ("conflict", "resolve", EXECUTOR),
         PROGRESS: ("merged-3way", "refresh", OUTPUT_HANDLER),
-        BOUND: ("conflict", "resolve", set()),
     },
     "0.31.0": {
         LOADER_FULL: ("conflict", "resolve", ENGRAM),
@@ -75,7 +74,6 @@ EXPECTED = {
         OFFLOAD: ("offset", "refresh", OFFLOAD_INIT),
         FAILURE: ("conflict", "resolve", EXECUTOR),
         PROGRESS: ("conflict", "resolve", OUTPUT_HANDLER),
-        BOUND: ("conflict", "resolve", set()),
     },
 }
 

@@ -1,17 +1,23 @@
 # SPDX-License-Identifier: Apache-2.0
-"""An executor and one async-scheduling worker, in one process.
+"""An executor and its WorkerProc ranks (one or two), in one process.
 
-Real: WorkerProc.__init__ (queues, output thread, message queues),
-WorkerProc.worker_busy_loop / _execute_worker_rpc / handle_output /
-async_output_busy_loop, the shared-memory MessageQueues in both directions,
-and MultiprocExecutor.execute_model / collective_rpc / FutureWrapper.
+Real: WorkerProc.__init__ (queues, output thread, message queues) for every
+rank, each rank's WorkerProc.worker_busy_loop / _execute_worker_rpc /
+handle_output / async_output_busy_loop in its own thread, the shared-memory
+MessageQueues in both directions (one broadcast queue read by every rank, one
+response queue per rank), and MultiprocExecutor.execute_model /
+collective_rpc / FutureWrapper.
 
 Stand-ins, and why:
 - WorkerWrapperBase: the real one builds a GPU worker and loads a model. The
-  stand-in answers execute_model with what the test's step function returns.
+  stand-in answers each RPC with what the test's step function returns for
+  (rank, method, batch).
 - GpuOutput: an AsyncModelRunnerOutput whose get_output() blocks on a
   threading.Event where the real one waits for a device->host copy; an
   unreleased one is GPU work that hangs.
+- A collective: NCCL needs GPUs, so a rank "blocked in a collective" with a
+  failed peer is a step that waits on a threading.Event nobody sets (the
+  all-reduce whose peer never arrives).
 - WorkerProc.setup_proc_title_and_log_prefix and enable_envs_cache: they
   change the title, log prefix and env caching of the whole test process.
 - The executor is built with __new__ (its __init__ spawns worker processes),
@@ -60,14 +66,14 @@ class ConfigView(SimpleNamespace):
     max_concurrent_batches = VllmConfig.max_concurrent_batches
 
 
-def config_view(async_scheduling: bool = True) -> ConfigView:
+def config_view(world_size: int, async_scheduling: bool, fault_tolerance: bool) -> ConfigView:
     return ConfigView(
         parallel_config=SimpleNamespace(
-            world_size=1,
+            world_size=world_size,
             pipeline_parallel_size=1,
             enable_expert_parallel=False,
             nnodes_within_dp=1,
-            enable_fault_tolerance=False,
+            enable_fault_tolerance=fault_tolerance,
         ),
         scheduler_config=SimpleNamespace(async_scheduling=async_scheduling),
         use_v2_model_runner=False,
@@ -76,21 +82,34 @@ def config_view(async_scheduling: bool = True) -> ConfigView:
     )
 
 
-def _handshake(writer: MessageQueue, reader: MessageQueue) -> None:
-    t = threading.Thread(target=writer.wait_until_ready, daemon=True)
-    t.start()
-    reader.wait_until_ready()
-    t.join(timeout=10)
-    assert not t.is_alive(), "message queue handshake did not finish"
+def _handshake(writer: MessageQueue, readers: list[MessageQueue]) -> None:
+    threads = [threading.Thread(target=r.wait_until_ready, daemon=True) for r in readers]
+    for t in threads:
+        t.start()
+    writer.wait_until_ready()
+    for t in threads:
+        t.join(timeout=10)
+        assert not t.is_alive(), "message queue handshake did not finish"
+
+
+Step = Callable[[int, str, Any], Any]
 
 
 class Pipeline:
-    def __init__(self, monkeypatch, step: Callable[[str], Any]) -> None:
-        class Worker:
-            rank = 0
+    """`step(rank, method, batch)` answers every rank's RPCs."""
 
+    def __init__(
+        self,
+        monkeypatch,
+        step: Step,
+        *,
+        world_size: int = 1,
+        async_scheduling: bool = True,
+        fault_tolerance: bool = False,
+    ) -> None:
+        class Worker:
             def __init__(self, rpc_rank: int = 0, global_rank: int = 0) -> None:
-                pass
+                self.rank = global_rank
 
             def init_worker(self, all_kwargs: list[dict]) -> None:
                 pass
@@ -101,8 +120,14 @@ class Pipeline:
             def load_model(self) -> None:
                 pass
 
-            def execute_model(self, batch: str) -> Any:
-                return step(batch)
+            def execute_model(self, batch: Any) -> Any:
+                return step(self.rank, "execute_model", batch)
+
+            def sample_tokens(self, grammar: Any) -> Any:
+                return step(self.rank, "sample_tokens", grammar)
+
+            def check_health(self) -> Any:
+                return step(self.rank, "check_health", None)
 
             def stop(self) -> None:
                 raise StopWorkerLoop
@@ -111,21 +136,28 @@ class Pipeline:
         monkeypatch.setattr(WorkerProc, "setup_proc_title_and_log_prefix", staticmethod(lambda enable_ep: None))
         monkeypatch.setattr(mp_executor, "enable_envs_cache", lambda: None)
 
-        self.config = config_view()
-        broadcast = MessageQueue(1, 1)
-        proc = WorkerProc(
-            self.config,
-            local_rank=0,
-            rank=0,
-            distributed_init_method="",
-            input_shm_handle=broadcast.export_handle(),
-            shared_worker_lock=threading.Lock(),
-            is_driver_worker=True,
-        )
-        _handshake(broadcast, proc.rpc_broadcast_mq)
-        self.response_reader = MessageQueue.create_from_handle(proc.worker_response_mq.export_handle(), 0)
-        _handshake(proc.worker_response_mq, self.response_reader)
-        self.proc = proc
+        self.config = config_view(world_size, async_scheduling, fault_tolerance)
+        broadcast = MessageQueue(world_size, world_size)
+        self.procs = [
+            WorkerProc(
+                self.config,
+                local_rank=rank,
+                rank=rank,
+                distributed_init_method="",
+                input_shm_handle=broadcast.export_handle(),
+                shared_worker_lock=threading.Lock(),
+                is_driver_worker=rank == 0,
+            )
+            for rank in range(world_size)
+        ]
+        _handshake(broadcast, [p.rpc_broadcast_mq for p in self.procs])
+        self.response_readers = []
+        for proc in self.procs:
+            reader = MessageQueue.create_from_handle(proc.worker_response_mq.export_handle(), 0)
+            _handshake(proc.worker_response_mq, [reader])
+            self.response_readers.append(reader)
+        self.proc = self.procs[0]
+        self.response_reader = self.response_readers[0]
 
         executor: Any = MultiprocExecutor.__new__(MultiprocExecutor)
         executor.vllm_config = self.config
@@ -133,17 +165,19 @@ class Pipeline:
         executor.output_rank = 0
         executor.futures_queue = deque()
         executor.rpc_broadcast_mq = broadcast
-        executor.response_mqs = [self.response_reader]
+        executor.response_mqs = self.response_readers
         executor.kv_output_aggregator = None
         executor.ec_output_aggregator = None
         self.executor = executor
 
-        self.rpc_thread = threading.Thread(target=self._serve, daemon=True)
-        self.rpc_thread.start()
+        self.rpc_threads = [threading.Thread(target=self._serve, args=(p,), daemon=True) for p in self.procs]
+        for t in self.rpc_threads:
+            t.start()
 
-    def _serve(self) -> None:
+    @staticmethod
+    def _serve(proc: WorkerProc) -> None:
         try:
-            self.proc.worker_busy_loop()
+            proc.worker_busy_loop()
         except StopWorkerLoop:
             pass
 
@@ -162,6 +196,11 @@ class Pipeline:
         return outcome
 
     def close(self) -> None:
-        # Bypass collective_rpc: the executor may have failed on purpose.
-        self.executor.rpc_broadcast_mq.enqueue(("stop", (), {}, None))
-        self.rpc_thread.join(timeout=10)
+        # Through the real broadcast path, whatever state the executor is in;
+        # "stop" ends each rank's loop without a reply. A rank still blocked
+        # (a test's collective that never completes) is a daemon thread.
+        self.executor.is_failed = False
+        self.executor.futures_queue.clear()
+        self.executor.collective_rpc("stop", non_block=True)
+        for t in self.rpc_threads:
+            t.join(timeout=2)
