@@ -105,9 +105,7 @@ def test_shard_boundaries_that_differ_from_tp_boundaries(
         parallel_rank(rank=rank, world_size=world_size)
         module = build(config)
         table = _complete_table(module)
-        shards = [
-            (f"ngram_embedding.shard_{index}.weight", part) for index, part in enumerate(table.split(shard_rows))
-        ]
+        shards = [(f"ngram_embedding.shard_{index}.weight", part) for index, part in enumerate(table.split(shard_rows))]
         assert len(shards) == split_parts
 
         assert module.load_weights(shards) == {"ngram_embedding.weight"}

@@ -46,7 +46,7 @@ def test_fp8_table_refuses_a_table_it_would_have_to_cast(parallel_rank, ple_buil
     weight = module.ngram_embedding.weight
     weight.data.copy_(torch.full(weight.shape, -2.0).to(torch.float8_e4m3fn))
 
-    with pytest.raises(ValueError, match="float8_e4m3fn.*bfloat16"):
+    with pytest.raises(ValueError, match=r"float8_e4m3fn.*bfloat16"):
         module.load_weights(_entries(layout, _values().to(torch.bfloat16)))
 
     assert torch.all(weight.float() == -2.0)
@@ -70,5 +70,5 @@ def test_nvfp4_block_scales_of_another_dtype_are_refused(parallel_rank, ple_buil
     scale = module.ngram_embedding.weight_scale
     rows = 8 if "shard_1" in name else 16
 
-    with pytest.raises(ValueError, match="weight_scale stores torch.float8_e4m3fn"):
+    with pytest.raises(ValueError, match=r"weight_scale stores torch\.float8_e4m3fn"):
         module.load_weights([(name, torch.ones(rows, scale.shape[1], dtype=torch.float32))])
