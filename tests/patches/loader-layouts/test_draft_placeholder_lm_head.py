@@ -21,10 +21,8 @@ scaled-mm kernels that do not exist on CPU, so a stand-in kernel is selected
 and the FP8 method's ``process_weights_after_loading`` only records the layer.
 """
 
-import contextlib
 import json
 import os
-import tempfile
 
 import pytest
 import torch
@@ -38,20 +36,13 @@ from vllm.config import (
     VllmConfig,
     set_current_vllm_config,
 )
-from vllm.distributed import (
-    cleanup_dist_env_and_memory,
-    init_distributed_environment,
-    initialize_model_parallel,
-)
 from vllm.model_executor.layers.quantization import modelopt
 from vllm.model_executor.layers.vocab_parallel_embedding import (
     ParallelLMHead,
     UnquantizedEmbeddingMethod,
     VocabParallelEmbedding,
 )
-from vllm.model_executor.model_loader import DefaultModelLoader
-from vllm.model_executor.model_loader.base_loader import check_draft_placeholders_shared
-from vllm.v1.spec_decode.eagle import EagleProposer
+from vllm.model_executor.model_loader import DefaultModelLoader, base_loader
 
 HIDDEN = 64
 VOCAB = 256
@@ -67,28 +58,6 @@ LLAMA = dict(
     rms_norm_eps=1e-5,
     torch_dtype="bfloat16",
 )
-
-
-@pytest.fixture(scope="module")
-def gloo_world():
-    fd, store = tempfile.mkstemp()
-    os.close(fd)
-    config = VllmConfig(device_config=DeviceConfig(device="cpu"))
-    try:
-        with set_current_vllm_config(config):
-            init_distributed_environment(
-                world_size=1,
-                rank=0,
-                local_rank=0,
-                distributed_init_method=f"file://{store}",
-                backend="gloo",
-            )
-            initialize_model_parallel(1, 1)
-        yield
-        cleanup_dist_env_and_memory()
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(store)
 
 
 def _write_model(path, config: dict, tensors: dict[str, torch.Tensor]) -> str:
@@ -253,36 +222,27 @@ class _TargetWithoutHead(torch.nn.Module):
         self.model.embed_tokens = embed_tokens or torch.nn.Embedding(VOCAB, HIDDEN)
 
 
-def _shell_proposer(draft, vllm_config) -> EagleProposer:
-    """The real sharing methods, without EagleProposer.__init__ (CUDA buffers)."""
-    proposer = object.__new__(EagleProposer)
-    proposer.model = draft
-    proposer.vllm_config = vllm_config
-    proposer.use_local_argmax_reduction = False
-    return proposer
-
-
-def test_draft_left_without_a_head_fails_at_load_naming_the_draft(gloo_world, tmp_path):
+def test_draft_left_without_a_head_fails_at_load_naming_the_draft(gloo_world, tmp_path, shell_eagle_proposer):
     draft, vllm_config = _load_draft_with_config(tmp_path, draft_tensors=_draft_weights())
     target = _TargetWithoutHead()
-    proposer = _shell_proposer(draft, vllm_config)
+    proposer = shell_eagle_proposer(draft, vllm_config)
 
     proposer._maybe_share_embeddings(target)
     proposer._maybe_share_lm_head(target)
 
     assert draft.model.embed_tokens is target.model.embed_tokens
     with pytest.raises(RuntimeError, match=r"Draft model Eagle3LlamaForCausalLM \(.*draft\) has no lm_head"):
-        check_draft_placeholders_shared(draft, vllm_config)
+        base_loader.check_draft_placeholders_shared(draft, vllm_config)
 
 
-def test_draft_whose_head_was_shared_passes_the_check(gloo_world, tmp_path):
+def test_draft_whose_head_was_shared_passes_the_check(gloo_world, tmp_path, shell_eagle_proposer):
     draft, vllm_config = _load_draft_with_config(tmp_path, draft_tensors=_draft_weights())
     target = _TargetWithoutHead()
     target.lm_head = ParallelLMHead(VOCAB, HIDDEN)
-    proposer = _shell_proposer(draft, vllm_config)
+    proposer = shell_eagle_proposer(draft, vllm_config)
 
     proposer._maybe_share_embeddings(target)
     proposer._maybe_share_lm_head(target)
 
-    check_draft_placeholders_shared(draft, vllm_config)
+    base_loader.check_draft_placeholders_shared(draft, vllm_config)
     assert draft.lm_head is target.lm_head
