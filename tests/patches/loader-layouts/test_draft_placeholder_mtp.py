@@ -51,6 +51,7 @@ HIDDEN = 64
 VOCAB = 256
 HEADS, KV_HEADS, HEAD_DIM = 4, 2, 16
 INTERMEDIATE = 128
+DTYPE = torch.bfloat16
 TEXT_CONFIG = dict(
     model_type="qwen3_5_text",
     hidden_size=HIDDEN,
@@ -85,7 +86,7 @@ def _mtp_tensors() -> dict[str, torch.Tensor]:
         "mtp.pre_fc_norm_hidden.weight": (HIDDEN,),
         "mtp.pre_fc_norm_embedding.weight": (HIDDEN,),
     }
-    return {name: torch.randn(shape) for name, shape in shapes.items()}
+    return {name: torch.randn(shape).to(DTYPE) for name, shape in shapes.items()}
 
 
 @pytest.fixture
@@ -120,12 +121,13 @@ def _load_mtp_draft(tmp_path, *, with_lm_head: bool):
         text_config=TEXT_CONFIG,
         vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=HIDDEN),
         tie_word_embeddings=False,
+        torch_dtype="bfloat16",
     )
     (path / "config.json").write_text(json.dumps(config))
     tensors = _mtp_tensors()
-    tensors["model.language_model.embed_tokens.weight"] = torch.randn(VOCAB, HIDDEN)
+    tensors["model.language_model.embed_tokens.weight"] = torch.randn(VOCAB, HIDDEN).to(DTYPE)
     if with_lm_head:
-        tensors["lm_head.weight"] = torch.randn(VOCAB, HIDDEN)
+        tensors["lm_head.weight"] = torch.randn(VOCAB, HIDDEN).to(DTYPE)
     save_file(tensors, path / "model.safetensors")
 
     target_config = ModelConfig(model=str(path), skip_tokenizer_init=True)
