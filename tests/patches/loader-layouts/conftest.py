@@ -101,3 +101,49 @@ def ple_builders():
             "amd": _build_amd_ngram_embedding,
         },
     )
+
+
+@pytest.fixture(scope="module")
+def gloo_world():
+    """A real single-process gloo world (TP=PP=1) for loading drafts on CPU."""
+    import contextlib
+    import os
+    import tempfile
+
+    from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
+    from vllm.distributed import cleanup_dist_env_and_memory, init_distributed_environment, initialize_model_parallel
+
+    fd, store = tempfile.mkstemp()
+    os.close(fd)
+    try:
+        with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
+            init_distributed_environment(
+                world_size=1,
+                rank=0,
+                local_rank=0,
+                distributed_init_method=f"file://{store}",
+                backend="gloo",
+            )
+            initialize_model_parallel(1, 1)
+        yield
+        cleanup_dist_env_and_memory()
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(store)
+
+
+@pytest.fixture
+def shell_eagle_proposer():
+    """Call with ``(draft, vllm_config)``: the real ``EagleProposer`` sharing
+    methods (``_maybe_share_embeddings``/``_maybe_share_lm_head``) on an
+    instance built without ``__init__``, which allocates CUDA buffers."""
+    from vllm.v1.spec_decode.eagle import EagleProposer
+
+    def build(draft: torch.nn.Module, vllm_config) -> EagleProposer:
+        proposer = object.__new__(EagleProposer)
+        proposer.model = draft
+        proposer.vllm_config = vllm_config
+        proposer.use_local_argmax_reduction = False
+        return proposer
+
+    return build

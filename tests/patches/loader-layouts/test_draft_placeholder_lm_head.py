@@ -21,10 +21,8 @@ scaled-mm kernels that do not exist on CPU, so a stand-in kernel is selected
 and the FP8 method's ``process_weights_after_loading`` only records the layer.
 """
 
-import contextlib
 import json
 import os
-import tempfile
 
 import pytest
 import torch
@@ -38,17 +36,13 @@ from vllm.config import (
     VllmConfig,
     set_current_vllm_config,
 )
-from vllm.distributed import (
-    cleanup_dist_env_and_memory,
-    init_distributed_environment,
-    initialize_model_parallel,
-)
 from vllm.model_executor.layers.quantization import modelopt
 from vllm.model_executor.layers.vocab_parallel_embedding import (
     ParallelLMHead,
     UnquantizedEmbeddingMethod,
+    VocabParallelEmbedding,
 )
-from vllm.model_executor.model_loader import DefaultModelLoader
+from vllm.model_executor.model_loader import DefaultModelLoader, base_loader
 
 HIDDEN = 64
 VOCAB = 256
@@ -66,28 +60,6 @@ LLAMA = dict(
 )
 
 
-@pytest.fixture(scope="module")
-def gloo_world():
-    fd, store = tempfile.mkstemp()
-    os.close(fd)
-    config = VllmConfig(device_config=DeviceConfig(device="cpu"))
-    try:
-        with set_current_vllm_config(config):
-            init_distributed_environment(
-                world_size=1,
-                rank=0,
-                local_rank=0,
-                distributed_init_method=f"file://{store}",
-                backend="gloo",
-            )
-            initialize_model_parallel(1, 1)
-        yield
-        cleanup_dist_env_and_memory()
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(store)
-
-
 def _write_model(path, config: dict, tensors: dict[str, torch.Tensor]) -> str:
     os.makedirs(path)
     with open(os.path.join(path, "config.json"), "w") as f:
@@ -97,6 +69,10 @@ def _write_model(path, config: dict, tensors: dict[str, torch.Tensor]) -> str:
 
 
 def _load_draft(tmp_path, *, draft_tensors, quantization_config=None):
+    return _load_draft_with_config(tmp_path, draft_tensors=draft_tensors, quantization_config=quantization_config)[0]
+
+
+def _load_draft_with_config(tmp_path, *, draft_tensors, quantization_config=None):
     target = _write_model(
         tmp_path / "target",
         dict(LLAMA, architectures=["LlamaForCausalLM"]),
@@ -125,7 +101,8 @@ def _load_draft(tmp_path, *, draft_tensors, quantization_config=None):
     )
     loader = DefaultModelLoader(vllm_config.load_config)
     with set_current_vllm_config(vllm_config):
-        return loader.load_model(vllm_config, model_config=speculative_config.draft_model_config)
+        draft = loader.load_model(vllm_config, model_config=speculative_config.draft_model_config)
+    return draft, vllm_config
 
 
 def _record_processed_layers(monkeypatch, method_cls, *, run_original: bool):
@@ -151,10 +128,22 @@ def test_missing_lm_head_is_released_before_post_processing(gloo_world, tmp_path
     draft = _load_draft(tmp_path, draft_tensors=_draft_weights())
 
     assert draft.has_own_lm_head is False
-    # The draft's own input embedding is still post-processed ...
+    # Neither the never-loaded head nor the never-loaded embedding is
+    # processed or kept; the loaded norm is.
+    assert not any(isinstance(layer, VocabParallelEmbedding) for layer in processed)
+    assert not hasattr(draft, "lm_head")
+    assert not hasattr(draft.model, "embed_tokens")
+    assert hasattr(draft.model, "norm")
+
+
+def test_embedding_from_the_checkpoint_is_kept(gloo_world, tmp_path, monkeypatch):
+    processed = _record_processed_layers(monkeypatch, UnquantizedEmbeddingMethod, run_original=True)
+    embed = torch.randn(VOCAB, HIDDEN).to(torch.bfloat16)
+
+    draft = _load_draft(tmp_path, draft_tensors=_draft_weights(**{"embed_tokens.weight": embed}))
+
     assert draft.model.embed_tokens in processed
-    # ... but the never-loaded head is neither processed nor kept.
-    assert not any(isinstance(layer, ParallelLMHead) for layer in processed)
+    torch.testing.assert_close(draft.model.embed_tokens.weight.data[:VOCAB], embed)
     assert not hasattr(draft, "lm_head")
 
 
@@ -222,3 +211,38 @@ def test_model_loaded_as_its_own_main_model_keeps_its_head(gloo_world, tmp_path)
         model = loader.load_model(vllm_config, model_config=model_config)
 
     assert isinstance(model.lm_head, ParallelLMHead)
+
+
+class _TargetWithoutHead(torch.nn.Module):
+    """A target language model whose lm_head lives elsewhere (none here)."""
+
+    def __init__(self, embed_tokens: torch.nn.Module | None = None):
+        super().__init__()
+        self.model = torch.nn.Module()
+        self.model.embed_tokens = embed_tokens or torch.nn.Embedding(VOCAB, HIDDEN)
+
+
+def test_draft_left_without_a_head_fails_at_load_naming_the_draft(gloo_world, tmp_path, shell_eagle_proposer):
+    draft, vllm_config = _load_draft_with_config(tmp_path, draft_tensors=_draft_weights())
+    target = _TargetWithoutHead()
+    proposer = shell_eagle_proposer(draft, vllm_config)
+
+    proposer._maybe_share_embeddings(target)
+    proposer._maybe_share_lm_head(target)
+
+    assert draft.model.embed_tokens is target.model.embed_tokens
+    with pytest.raises(RuntimeError, match=r"Draft model Eagle3LlamaForCausalLM \(.*draft\) has no lm_head"):
+        base_loader.check_draft_placeholders_shared(draft, vllm_config)
+
+
+def test_draft_whose_head_was_shared_passes_the_check(gloo_world, tmp_path, shell_eagle_proposer):
+    draft, vllm_config = _load_draft_with_config(tmp_path, draft_tensors=_draft_weights())
+    target = _TargetWithoutHead()
+    target.lm_head = ParallelLMHead(VOCAB, HIDDEN)
+    proposer = shell_eagle_proposer(draft, vllm_config)
+
+    proposer._maybe_share_embeddings(target)
+    proposer._maybe_share_lm_head(target)
+
+    base_loader.check_draft_placeholders_shared(draft, vllm_config)
+    assert draft.lm_head is target.lm_head

@@ -1,0 +1,217 @@
+# SPDX-License-Identifier: Apache-2.0
+"""An MTP draft's never-loaded lm_head is released before post-processing.
+
+``Qwen3_5MTP`` builds a top-level ``ParallelLMHead`` with the draft's quant
+config on the last pipeline stage and has no ``has_own_lm_head`` record; the
+proposer replaces it with the target's head after loading. Whether the
+checkpoint provided it is decided from the names its ``load_weights``
+reported -- not the set ``DefaultModelLoader``'s weight tracking adds every
+post-processed module to.
+
+The tests load the real ``Qwen3_5MTP`` (one MTP layer, tiny sizes) with the
+real ``DefaultModelLoader`` from a safetensors checkpoint in a temporary
+folder, as ``SpeculativeConfig(method="mtp")`` derives it from a real
+``qwen3_5`` target config, in a real single-process gloo group.
+
+Seams: ``process_weights_after_loading`` of the unquantized embedding method
+is wrapped to record the layers it processes (the original still runs). The
+MTP layer's ``Attention`` asks the platform for a backend; this CPU-only
+environment has no accelerator platform, and ``UnspecifiedPlatform`` offers
+none ("Invalid attention backend for None"). The current platform's
+``get_attn_backend_cls`` is replaced by ``CpuPlatform``'s -- vLLM's own
+selector tests put ``CpuPlatform`` in place for the same reason -- and only
+that method, so every other platform query the loader makes is unchanged.
+The attention layer is built, never run.
+"""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from vllm.config import (
+    DeviceConfig,
+    LoadConfig,
+    ModelConfig,
+    ParallelConfig,
+    SpeculativeConfig,
+    VllmConfig,
+    set_current_vllm_config,
+)
+from vllm.model_executor.layers.vocab_parallel_embedding import (
+    ParallelLMHead,
+    UnquantizedEmbeddingMethod,
+)
+from vllm.model_executor.model_loader import DefaultModelLoader, base_loader
+from vllm.platforms import current_platform
+from vllm.platforms.cpu import CpuPlatform
+from vllm.v1.attention import selector
+
+HIDDEN = 64
+VOCAB = 256
+HEADS, KV_HEADS, HEAD_DIM = 4, 2, 16
+INTERMEDIATE = 128
+DTYPE = torch.bfloat16
+TEXT_CONFIG = dict(
+    model_type="qwen3_5_text",
+    hidden_size=HIDDEN,
+    intermediate_size=INTERMEDIATE,
+    num_hidden_layers=1,
+    layer_types=["full_attention"],
+    mtp_num_hidden_layers=1,
+    num_attention_heads=HEADS,
+    num_key_value_heads=KV_HEADS,
+    head_dim=HEAD_DIM,
+    vocab_size=VOCAB,
+    max_position_embeddings=128,
+    tie_word_embeddings=False,
+)
+
+
+def _mtp_tensors() -> dict[str, torch.Tensor]:
+    """The MTP layer's weights (vLLM's fused qkv/gate_up names load whole)."""
+    # Gated attention: the query projection also yields the output gate.
+    qkv_rows = (2 * HEADS + 2 * KV_HEADS) * HEAD_DIM
+    shapes = {
+        "mtp.fc.weight": (HIDDEN, 2 * HIDDEN),
+        "mtp.layers.0.self_attn.qkv_proj.weight": (qkv_rows, HIDDEN),
+        "mtp.layers.0.self_attn.o_proj.weight": (HIDDEN, HEADS * HEAD_DIM),
+        "mtp.layers.0.self_attn.q_norm.weight": (HEAD_DIM,),
+        "mtp.layers.0.self_attn.k_norm.weight": (HEAD_DIM,),
+        "mtp.layers.0.mlp.gate_up_proj.weight": (2 * INTERMEDIATE, HIDDEN),
+        "mtp.layers.0.mlp.down_proj.weight": (HIDDEN, INTERMEDIATE),
+        "mtp.layers.0.input_layernorm.weight": (HIDDEN,),
+        "mtp.layers.0.post_attention_layernorm.weight": (HIDDEN,),
+        "mtp.norm.weight": (HIDDEN,),
+        "mtp.pre_fc_norm_hidden.weight": (HIDDEN,),
+        "mtp.pre_fc_norm_embedding.weight": (HIDDEN,),
+    }
+    return {name: torch.randn(shape).to(DTYPE) for name, shape in shapes.items()}
+
+
+@pytest.fixture
+def cpu_attention_backend(monkeypatch):
+    monkeypatch.setattr(current_platform, "get_attn_backend_cls", CpuPlatform.get_attn_backend_cls)
+    yield
+    # The selector caches its answer without the platform in the key.
+    selector._cached_get_attn_backend.cache_clear()
+
+
+@pytest.fixture
+def processed_embeddings(monkeypatch):
+    """The layers ``UnquantizedEmbeddingMethod`` post-processed (it still runs)."""
+    processed: list[torch.nn.Module] = []
+    original = UnquantizedEmbeddingMethod.process_weights_after_loading
+
+    def record(self, layer):
+        processed.append(layer)
+        original(self, layer)
+
+    monkeypatch.setattr(UnquantizedEmbeddingMethod, "process_weights_after_loading", record)
+    return processed
+
+
+def _load_mtp_draft(tmp_path, *, with_lm_head: bool):
+    """Load the MTP draft the way the proposer does; returns it and its config."""
+    path = tmp_path / "qwen3_5"
+    path.mkdir()
+    config = dict(
+        model_type="qwen3_5",
+        architectures=["Qwen3_5ForConditionalGeneration"],
+        text_config=TEXT_CONFIG,
+        vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=HIDDEN),
+        tie_word_embeddings=False,
+        torch_dtype="bfloat16",
+    )
+    (path / "config.json").write_text(json.dumps(config))
+    tensors = _mtp_tensors()
+    tensors["model.language_model.embed_tokens.weight"] = torch.randn(VOCAB, HIDDEN).to(DTYPE)
+    if with_lm_head:
+        tensors["lm_head.weight"] = torch.randn(VOCAB, HIDDEN).to(DTYPE)
+    save_file(tensors, path / "model.safetensors")
+
+    target_config = ModelConfig(model=str(path), skip_tokenizer_init=True)
+    parallel_config = ParallelConfig()
+    speculative_config = SpeculativeConfig(
+        method="mtp",
+        num_speculative_tokens=1,
+        target_model_config=target_config,
+        target_parallel_config=parallel_config,
+    )
+    vllm_config = VllmConfig(
+        model_config=target_config,
+        parallel_config=parallel_config,
+        speculative_config=speculative_config,
+        device_config=DeviceConfig(device="cpu"),
+        load_config=LoadConfig(),
+    )
+    loader = DefaultModelLoader(vllm_config.load_config)
+    with set_current_vllm_config(vllm_config):
+        draft = loader.load_model(vllm_config, model_config=speculative_config.draft_model_config)
+    assert type(draft).__name__ == "Qwen3_5MTP"
+    return draft, vllm_config, tensors
+
+
+def test_mtp_head_missing_from_checkpoint_is_released_before_post_processing(
+    gloo_world, cpu_attention_backend, processed_embeddings, tmp_path
+):
+    draft, _, tensors = _load_mtp_draft(tmp_path, with_lm_head=False)
+
+    # The never-loaded head is neither post-processed nor kept ...
+    assert not any(isinstance(layer, ParallelLMHead) for layer in processed_embeddings)
+    assert not hasattr(draft, "lm_head")
+    # ... the loaded embedding is loaded, processed and kept.
+    assert draft.model.embed_tokens in processed_embeddings
+    torch.testing.assert_close(
+        draft.model.embed_tokens.weight.data[:VOCAB], tensors["model.language_model.embed_tokens.weight"]
+    )
+
+
+def test_mtp_head_from_the_checkpoint_is_kept_and_processed(
+    gloo_world, cpu_attention_backend, processed_embeddings, tmp_path
+):
+    draft, _, tensors = _load_mtp_draft(tmp_path, with_lm_head=True)
+
+    assert isinstance(draft.lm_head, ParallelLMHead)
+    assert draft.lm_head in processed_embeddings
+    torch.testing.assert_close(draft.lm_head.weight.data[:VOCAB], tensors["lm_head.weight"])
+
+
+class _Target(torch.nn.Module):
+    """A target language model: an embedding, and a head only where given."""
+
+    def __init__(self, lm_head: torch.nn.Module | None):
+        super().__init__()
+        self.model = torch.nn.Module()
+        self.model.embed_tokens = torch.nn.Embedding(VOCAB, HIDDEN)
+        if lm_head is not None:
+            self.lm_head = lm_head
+
+
+def test_mtp_draft_left_without_a_head_fails_at_load_naming_the_draft(
+    gloo_world, cpu_attention_backend, shell_eagle_proposer, tmp_path
+):
+    draft, vllm_config, _ = _load_mtp_draft(tmp_path, with_lm_head=False)
+    target = _Target(lm_head=None)
+    proposer = shell_eagle_proposer(draft, vllm_config)
+
+    proposer._maybe_share_embeddings(target)
+    proposer._maybe_share_lm_head(target)
+
+    assert draft.model.embed_tokens is target.model.embed_tokens
+    with pytest.raises(RuntimeError, match=r"Draft model Qwen3_5MTP \(.*qwen3_5\) has no lm_head"):
+        base_loader.check_draft_placeholders_shared(draft, vllm_config)
+
+
+def test_mtp_draft_given_the_target_head_passes_the_check(
+    gloo_world, cpu_attention_backend, shell_eagle_proposer, tmp_path
+):
+    draft, vllm_config, _ = _load_mtp_draft(tmp_path, with_lm_head=False)
+    target = _Target(lm_head=ParallelLMHead(VOCAB, HIDDEN))
+    proposer = shell_eagle_proposer(draft, vllm_config)
+
+    proposer._maybe_share_embeddings(target)
+    proposer._maybe_share_lm_head(target)
+
+    base_loader.check_draft_placeholders_shared(draft, vllm_config)
+    assert draft.lm_head is target.lm_head
