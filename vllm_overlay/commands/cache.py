@@ -5,7 +5,8 @@ environment and leaves the previous one in the cache. Without options this lists
 each environment as current (the one this checkout's upstream.lock uses), stale (another lock's)
 or orphan (an interrupted build nobody points to), and the size of every other cache folder.
 --prune removes the stale and orphan ones under the cache's lock; --dry-run shows what it would
-remove. The cache root is $VLLM_OVERLAY_CACHE, else $XDG_CACHE_HOME/vllm-overlay, else
+remove. --env-python prints the current environment's interpreter (scripts/check runs the overlay
+package's tests with it). The cache root is $VLLM_OVERLAY_CACHE, else $XDG_CACHE_HOME/vllm-overlay, else
 ~/.cache/vllm-overlay.
 
 Exit codes: 0 done; 2 usage or input error.
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 
-from vllm_overlay import cache, lock, output, project
+from vllm_overlay import cache, envs, lock, output, project
 from vllm_overlay.store import Store
 
 GB = 1000**3
@@ -25,6 +26,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     project.add_project_argument(parser)
     parser.add_argument("--prune", action="store_true", help="remove stale environments and unfinished builds")
     parser.add_argument("--dry-run", action="store_true", help="with --prune: list what would be removed")
+    parser.add_argument(
+        "--env-python",
+        action="store_true",
+        help="print the interpreter of this lock's test environment (verified pristine; built if missing), "
+        "for running tests that import the real vllm: \"$(scripts/cache --env-python)\" -m pytest ...",
+    )
 
 
 def _size(size: int) -> str:
@@ -39,6 +46,13 @@ def run(args: argparse.Namespace) -> int:
         output.error(str(exc))
         return 2
     store = Store()
+    if args.env_python:
+        try:
+            print(envs.ensure(the_lock, store).python)
+        except envs.EnvError as exc:
+            output.error(str(exc))
+            return 2
+        return 0
     if args.dry_run and not args.prune:
         output.error("--dry-run only goes with --prune")
         return 2
