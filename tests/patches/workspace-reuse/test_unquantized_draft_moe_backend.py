@@ -9,10 +9,15 @@ unquantized oracle refused the inherited name and the draft's first MoE layer ra
 Real code throughout: a real ``VllmConfig`` with a real ``SpeculativeConfig`` (method
 ``draft_model``, a BF16 MoE draft), the real ``DraftModelProposer._create_draft_vllm_config``
 and the real ``UnquantizedFusedMoEMethod`` that a draft's ``FusedMoE`` layer builds from a
-``FusedMoEConfig`` carrying the draft's ``moe_backend`` (as ``FusedMoE.__init__`` does). The one
-seam: the proposer is created without its ``__init__``, which needs a device and a model runner;
-``_create_draft_vllm_config`` reads only ``vllm_config`` and ``speculative_config``, which are
-set as ``__init__`` sets them.
+``FusedMoEConfig`` carrying the draft's ``moe_backend`` (as ``FusedMoE.__init__`` does). Seams:
+
+* the proposer is created without its ``__init__``, which needs a device and a model runner;
+  ``_create_draft_vllm_config`` reads only ``vllm_config`` and ``speculative_config``, which are
+  set as ``__init__`` sets them;
+* the platform: this machine has no accelerator and vLLM resolves no platform for it, and the
+  unquantized oracle has no backend list for that case; the field machine's ``CudaPlatform``
+  cannot be imported without a driver. The oracle and the CPU experts see the real
+  ``CpuPlatform``, the platform whose automatic selection can run here.
 """
 
 from __future__ import annotations
@@ -23,15 +28,19 @@ import pytest
 import torch
 from qwen4_exp_hybrid import make_vllm_config, write_model_dir
 from vllm.config import KernelConfig, SpeculativeConfig, VllmConfig, set_current_vllm_config
+from vllm.model_executor.layers.fused_moe.activation import MoEActivation
 from vllm.model_executor.layers.fused_moe.config import (
     FusedMoEConfig,
     FusedMoEParallelConfig,
     RoutingMethodType,
 )
+from vllm.model_executor.layers.fused_moe.experts import cpu_moe
+from vllm.model_executor.layers.fused_moe.oracle import unquantized
 from vllm.model_executor.layers.fused_moe.oracle.unquantized import UnquantizedMoeBackend
 from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
     UnquantizedFusedMoEMethod,
 )
+from vllm.platforms.cpu import CpuPlatform
 from vllm.v1.spec_decode.draft_model import DraftModelProposer
 
 
@@ -41,6 +50,13 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("bf16_moe")
     write_model_dir(path)
     return path
+
+
+@pytest.fixture
+def cpu_platform(monkeypatch: pytest.MonkeyPatch) -> None:
+    platform = CpuPlatform()
+    monkeypatch.setattr(unquantized, "current_platform", platform)
+    monkeypatch.setattr(cpu_moe, "current_platform", platform)
 
 
 def _draft_vllm_config(model_dir: Path, moe_backend: str) -> VllmConfig:
@@ -74,6 +90,7 @@ def _draft_moe_method(draft: VllmConfig) -> UnquantizedFusedMoEMethod:
         num_local_experts=4,
         num_logical_experts=4,
         moe_parallel_config=FusedMoEParallelConfig.make_no_parallel(),
+        activation=MoEActivation.SILU,
         in_dtype=draft.model_config.dtype,
         moe_backend=draft.kernel_config.moe_backend,
         device=draft.device_config.device,
@@ -85,7 +102,7 @@ def _draft_moe_method(draft: VllmConfig) -> UnquantizedFusedMoEMethod:
 
 
 @pytest.mark.parametrize("moe_backend", ["flashinfer_b12x", "b12x"])
-def test_bf16_draft_of_a_b12x_target_builds_its_moe(model_dir: Path, moe_backend: str) -> None:
+def test_bf16_draft_of_a_b12x_target_builds_its_moe(model_dir: Path, moe_backend: str, cpu_platform) -> None:
     draft = _draft_vllm_config(model_dir, moe_backend)
     # The draft inherits the target's backend: nothing in the speculative config overrides it.
     assert draft.kernel_config.moe_backend == moe_backend
