@@ -25,6 +25,7 @@ LOADER_WIDTH = "loader-layouts/qwen4-exp-reject-an-unsharded-ple-table-of-the-wr
 LOADER_DRAFT = "loader-layouts/model-loader-release-a-draft-s-unloaded-lm-head-before-post.patch"
 ROUTES = "route-sanitization/fused-moe-keep-padding-routes-out-of-the-flashinfer-b12x-moe.patch"
 WORKSPACE = "workspace-reuse/fused-moe-share-b12x-moe-wrapper-buffers-between-identical.patch"
+DRAFT_MOE = "workspace-reuse/fused-moe-let-an-unquantized-draft-moe-fall-back-from-the.patch"
 BYTES = "byte-accounting/platforms-size-hybrid-kv-pages-by-the-bytes-each-layer-holds.patch"
 OFFLOAD = "queue-event-ownership/simple-kv-offload-give-each-store-its-own-event-flush-queued.patch"
 FAILURE = "queue-event-ownership/executor-send-worker-failures-ahead-of-stuck-async-outputs.patch"
@@ -48,6 +49,7 @@ EXECUTOR = {
     "vllm.v1.executor.multiproc_executor:WorkerProc._execute_worker_rpc",
 }
 OUTPUT_HANDLER = {"vllm.v1.engine.async_llm:AsyncLLM._run_output_handler"}
+UNQUANTIZED_ORACLE = {"vllm.model_executor.layers.fused_moe.oracle.unquantized:select_unquantized_moe_backend"}
 EXPECTED = {
     "0.32.0": {
         LOADER_FULL: ("conflict", "resolve", ENGRAM),
@@ -55,6 +57,7 @@ EXPECTED = {
         LOADER_DRAFT: ("clean", "keep", set()),
         ROUTES: ("clean", "keep", set()),
         WORKSPACE: ("clean", "keep", set()),
+        DRAFT_MOE: ("conflict", "resolve", UNQUANTIZED_ORACLE),
         BYTES: ("conflict", "resolve", ALIGN),
         OFFLOAD: ("offset", "refresh", OFFLOAD_INIT),
         FAILURE: ("conflict", "resolve", EXECUTOR),
@@ -70,6 +73,7 @@ EXPECTED = {
         ),
         ROUTES: ("clean", "keep", set()),
         WORKSPACE: ("clean", "keep", set()),
+        DRAFT_MOE: ("conflict", "resolve", UNQUANTIZED_ORACLE),
         BYTES: ("conflict", "resolve", ALIGN),
         OFFLOAD: ("offset", "refresh", OFFLOAD_INIT),
         FAILURE: ("conflict", "resolve", EXECUTOR),

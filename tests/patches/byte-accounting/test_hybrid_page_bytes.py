@@ -35,6 +35,7 @@ needs a GPU to be built, never to plan:
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -55,7 +56,7 @@ from vllm.models.qwen4_exp.common.qsa_cache import QSAStateBackend
 from vllm.platforms.cpu import CpuPlatform
 from vllm.platforms.interface import Platform
 from vllm.v1.attention.backends.flashinfer import FlashInferBackend
-from vllm.v1.kv_cache_interface import AttentionSpec
+from vllm.v1.kv_cache_interface import AttentionSpec, KVQuantMode
 
 
 @pytest.fixture(scope="module")
@@ -213,3 +214,34 @@ def test_skip_layers_share_the_held_primary_page(model_dir: Path, monkeypatch) -
     assert cache_config.skip_page_size_padded == primary_page
     assert _allocated_spec(vllm_config, skip).page_size_bytes == primary_page
     assert (cache_config.mamba_page_size_padded or RECURRENT_PAGE) == primary_page
+
+
+def test_packed_uint8_layer_without_quant_mode_counts(model_dir: Path, monkeypatch) -> None:
+    """A layer whose spec carries its packed layout itself, stored as uint8
+    with quant mode NONE, still holds the NVFP4 KV its owning backend was
+    handed (``kv_cache_dtype="nvfp4"``), so its bytes decide the page.
+
+    Stand-in, because no in-tree 0.33.0 backend stores NVFP4 under quant mode
+    NONE: the real FlashInfer NVFP4 layer whose ``get_kv_cache_spec`` is the
+    packed spec FlashInfer itself builds (576 B/token, its
+    ``state_content_bytes`` set, so ``customize_spec`` keeps it as it is), with
+    only the quant mode changed to NONE. Selecting layers by quant mode and
+    element size skips it and plans the side-cache backend's 1,024 B/token."""
+    vllm_config = make_vllm_config(model_dir, "nvfp4")
+    with set_current_vllm_config(vllm_config):
+        register_qsa_side_caches(vllm_config)
+        layer = _flashinfer_attention(vllm_config, monkeypatch)
+    real_get_spec = layer.get_kv_cache_spec
+
+    def packed_uint8_spec(config: VllmConfig) -> AttentionSpec:
+        packed = FlashInferBackend.customize_spec(real_get_spec(config))
+        return replace(packed, kv_quant_mode=KVQuantMode.NONE)
+
+    monkeypatch.setattr(layer, "get_kv_cache_spec", packed_uint8_spec)
+    spec = _allocated_spec(vllm_config, layer)
+    assert spec.kv_quant_mode == KVQuantMode.NONE and spec.dtype.itemsize == 1
+    assert spec.page_size_bytes // spec.block_size == 576
+    _plan(Platform, vllm_config)
+
+    assert _assert_pages_agree(vllm_config, layer) == 576
+    assert vllm_config.cache_config.block_size == 5568

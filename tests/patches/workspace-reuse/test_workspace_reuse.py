@@ -2,7 +2,9 @@
 """Regression tests: identically configured FlashInferB12xExperts layers share
 one set of B12xMoEWrapper buffers (static workspace, dynamic workspace, output)
 instead of allocating a set per layer; a different configuration gets its own
-set, and a set already handed out is never resized.
+set, and a set already handed out is never resized. A flashinfer whose wrapper
+lacks the shared_* arguments gets per-layer buffers and one warning; the
+wrapper's output dtype is the layer's.
 
 Real vLLM experts build real flashinfer wrappers whose own allocator runs on
 CPU; see conftest.py for the two GPU seams (CUDA allocation redirected to CPU,
@@ -12,10 +14,15 @@ kernel launch stubbed) and the allocation counter.
 from __future__ import annotations
 
 import gc
+import logging
 
 import pytest
 import torch
+import vllm.logger
 from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+from vllm.model_executor.layers.fused_moe.experts import flashinfer_b12x_moe
+
+SHARED_ARGUMENTS = ("shared_static_workspace", "shared_dynamic_workspace", "shared_output")
 
 
 def _workspaces(buffers: tuple[object, object, torch.Tensor]) -> list[object]:
@@ -101,3 +108,62 @@ def test_shared_buffers_are_released_with_the_last_layer(make_b12x_layer, alloca
     fourth = make_b12x_layer()
     fourth.apply()
     assert len(allocations.workspaces) == 2
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_without_shared_buffer_arguments_each_layer_allocates_its_own(
+    make_b12x_layer, allocations, pre_sharing_flashinfer
+):
+    """A flashinfer whose wrapper has no shared_* arguments: every layer keeps
+    its own buffers, as in vLLM 0.33.0, and the fallback is reported once."""
+    # warning_once remembers messages for the process; an earlier fallback
+    # (another test module's wrapper) must not hide this one.
+    vllm.logger._print_warning_once.cache_clear()
+    records = _Records()
+    module_logger = logging.getLogger(flashinfer_b12x_moe.__name__)
+    module_logger.addHandler(records)
+    try:
+        layers = [make_b12x_layer() for _ in range(3)]
+        for layer in layers:
+            layer.apply()
+    finally:
+        module_logger.removeHandler(records)
+
+    assert all(type(layer.experts._wrapper) is pre_sharing_flashinfer for layer in layers)
+    sets = [layer.buffers for layer in layers]
+    # Each layer allocated a full set of its own through flashinfer's allocator.
+    assert len(allocations.workspaces) == 2 * len(layers)
+    for i, one in enumerate(sets):
+        for other in sets[i + 1 :]:
+            assert all(x is not y for x, y in zip(one, other, strict=True))
+    assert all(layer.experts._shared_buffers is None for layer in layers)
+    assert len(records.records) == 1, [r.getMessage() for r in records.records]
+    message = records.records[0].getMessage()
+    assert all(name in message for name in SHARED_ARGUMENTS), message
+
+
+@pytest.mark.parametrize("flashinfer", ["shared-buffers", "pre-sharing"])
+def test_wrapper_output_dtype_is_the_layers(make_b12x_layer, allocations, request, flashinfer):
+    """The wrapper is built for the layer's dtype, not for bfloat16: a bf16
+    layer's (shared) output is bf16, and flashinfer 0.7.2.post1, whose SM12x
+    kernels write bf16 only, refuses an fp16 layer at construction instead of
+    running it on a bf16 output."""
+    if flashinfer == "pre-sharing":
+        request.getfixturevalue("pre_sharing_flashinfer")
+
+    bf16 = make_b12x_layer()
+    bf16.apply()
+    assert bf16.experts._wrapper.output_dtype == torch.bfloat16
+    assert bf16.buffers[2].dtype == torch.bfloat16
+
+    fp16 = make_b12x_layer(dtype=torch.float16)
+    with pytest.raises(ValueError, match="float16"):
+        fp16.apply()
