@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 
 import git
 
-from vllm_overlay import targets
+from vllm_overlay import dependencies, targets
 from vllm_overlay.apply import PatchResult, Status
 from vllm_overlay.series import Patch
 
@@ -41,6 +41,7 @@ class AuditRow:
     last_update: str
     releases_since_update: int | None
     drift: list[str] = field(default_factory=list)
+    dependency_drift: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, object]:
@@ -71,7 +72,34 @@ def releases_since(last_update: str, release_dates: Mapping[str, dt.date], up_to
     return sum(1 for day in release_dates.values() if day > since and (limit is None or day <= limit))
 
 
-def decide(result: PatchResult, drift: list[targets.TargetDrift]) -> tuple[Decision, str]:
+def dependency_verdict(deps: list[dependencies.DependencyDrift]) -> tuple[Decision, str] | None:
+    """The decision the dependency symbols force on an otherwise applying patch (None: nothing)."""
+    gone = [d for d in deps if d.drift is targets.Drift.REMOVED]
+    if gone:
+        return Decision.RESOLVE, "dependency symbol gone: " + "; ".join(str(d) for d in gone)
+    # Unchecked counts as changed: a keep that was never verified is the false keep to avoid.
+    changed = [d for d in deps if d.drift in (targets.Drift.CHANGED, targets.Drift.UNPARSABLE)]
+    if changed:
+        return Decision.REFRESH, "dependency API changed: " + "; ".join(str(d) for d in changed)
+    return None
+
+
+def decide(
+    result: PatchResult,
+    drift: list[targets.TargetDrift],
+    deps: list[dependencies.DependencyDrift] | None = None,
+) -> tuple[Decision, str]:
+    decision, reason = _decide_upstream(result, drift)
+    verdict = dependency_verdict(deps or [])
+    if verdict is None or decision in (Decision.DROP,):
+        return decision, reason
+    if decision is Decision.KEEP:
+        return verdict
+    worst = Decision.RESOLVE if Decision.RESOLVE in (decision, verdict[0]) else decision
+    return worst, f"{reason}; {verdict[1]}"
+
+
+def _decide_upstream(result: PatchResult, drift: list[targets.TargetDrift]) -> tuple[Decision, str]:
     drifted = [d for d in drift if d.drift in DRIFTING]
     if result.status is Status.ALREADY_UPSTREAM:
         return Decision.DROP, "upstream already carries the change (the patch reverse-applies)"
@@ -93,8 +121,9 @@ def audit_row(
     release_dates: Mapping[str, dt.date],
     new_version: str | None,
     max_age_releases: int,
+    deps: list[dependencies.DependencyDrift] | None = None,
 ) -> AuditRow:
-    decision, reason = decide(result, drift)
+    decision, reason = decide(result, drift, deps)
     last_update = patch.value("Last-Update") or ""
     age = releases_since(last_update, release_dates, new_version) if release_dates else None
     warnings: list[str] = []
@@ -115,6 +144,7 @@ def audit_row(
         last_update=last_update,
         releases_since_update=age,
         drift=[str(d) for d in drift],
+        dependency_drift=[str(d) for d in deps or []],
         warnings=warnings,
     )
 

@@ -9,7 +9,6 @@ torch and flashinfer pins from its metadata) in one step.
 
 from __future__ import annotations
 
-import email.parser
 import json
 import re
 import shutil
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import git
 
-from vllm_overlay import apply, export, sources
+from vllm_overlay import apply, dependencies, export, sources
 from vllm_overlay.lock import Artifact, Lock
 from vllm_overlay.series import PATCH_FILE_TRAILER, Patch
 from vllm_overlay.store import Store
@@ -145,13 +144,8 @@ def _am(repo: git.Repo, *args: str) -> None:
 
 def pins_from_metadata(pkg_info: str) -> dict[str, str]:
     """The exact pins (``name==version``) a release's PKG-INFO gives torch and flashinfer-python."""
-    message = email.parser.Parser().parsestr(pkg_info)
-    pins: dict[str, str] = {}
-    for requirement in message.get_all("Requires-Dist") or []:
-        match = re.match(r"^\s*([A-Za-z0-9_.-]+)\s*==\s*([^\s;,]+)\s*(;.*)?$", requirement)
-        if match and match.group(1).lower() in PINNED and "extra ==" not in (match.group(3) or ""):
-            pins[match.group(1).lower()] = match.group(2)
-    return pins
+    pins = dependencies.exact_pins(pkg_info)
+    return {name: pins[name] for name in PINNED if name in pins}
 
 
 def new_lock(old: Lock, upstream: sources.Upstream, store: Store) -> Lock:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import git
 
-from vllm_overlay import apply, audit, sources, targets
+from vllm_overlay import apply, audit, dependencies, sources, targets
 from vllm_overlay.lock import Lock
 from vllm_overlay.series import Patch
 from vllm_overlay.store import Store
@@ -24,6 +24,22 @@ def drift_by_patch(store: Store, old: sources.Upstream, new: sources.Upstream, p
     read_old = audit.store_reader(repo, old.commit)
     read_new = audit.store_reader(repo, new.commit)
     return {patch.name: targets.compare_all(patch.targets, read_old, read_new) for patch in patches}
+
+
+def dependency_drift(
+    store: Store, old: sources.Upstream, new: sources.Upstream, patches: list[Patch], lock: Lock
+) -> dict[str, list[dependencies.DependencyDrift]]:
+    """Each patch's Dependency-Targets compared between the pins each release's metadata states."""
+    repo = git.Repo(store.upstreams_git)
+    locked = {dependencies.normalize(k): v for k, v in lock.pins.items()}
+
+    def pins(upstream: sources.Upstream) -> dict[str, str]:
+        if upstream.kind == "locked":  # what the lock pins is what the series was tested with
+            return locked
+        return dependencies.release_pins(audit.store_reader(repo, upstream.commit))
+
+    old_pins, new_pins = pins(old), pins(new)
+    return dependencies.drift_by_patch(patches, old_pins, new_pins, store)
 
 
 def range_diff(old_repo: Path, new_repo: Path) -> str:
@@ -75,12 +91,21 @@ def run_audit(
             seed_base=lambda: old.commit,
         )
         drift = drift_by_patch(store, old, new, patches)
+        deps = dependency_drift(store, old, new, patches, lock)
         rows = []
         for patch in patches:
             result = report.result_for(patch.name)
             assert result is not None  # apply_series reports every patch it was given
             rows.append(
-                audit.audit_row(patch, result, drift[patch.name], release_dates or {}, new.version, max_age_releases)
+                audit.audit_row(
+                    patch,
+                    result,
+                    drift[patch.name],
+                    release_dates or {},
+                    new.version,
+                    max_age_releases,
+                    deps[patch.name],
+                )
             )
         diff = range_diff(old_dir, new_dir)
     return AuditResult(old, new, report, rows, diff)

@@ -77,12 +77,14 @@ def index_url() -> str:
 def release_files(project: str, version: str) -> list[IndexFile]:
     """Files the package index publishes for one release, with the sha256 the index states."""
     data = _index_json(project)
-    prefix_sdist = f"{project}-{version}.tar.gz"
-    prefix_wheel = f"{project}-{version}-"
+    # Newer uploads spell the name normalized in file names (flashinfer_python-0.7.2.tar.gz).
+    stems = {project, re.sub(r"[-_.]+", "_", project)}
+    sdists = {f"{stem}-{version}.tar.gz" for stem in stems}
+    wheels = tuple(f"{stem}-{version}-" for stem in stems)
     files = [
         IndexFile(f["filename"], f["url"], f.get("hashes", {}).get("sha256", ""), f.get("size"))
         for f in data.get("files", [])
-        if f["filename"] == prefix_sdist or f["filename"].startswith(prefix_wheel)
+        if f["filename"] in sdists or f["filename"].startswith(wheels)
     ]
     if not files:
         raise SourceError(f"the package index lists no files for {project} {version}")
