@@ -10,7 +10,7 @@ from pathlib import Path
 
 import git
 
-from vllm_overlay import apply, audit, dependencies, sources, targets
+from vllm_overlay import apply, audit, dependencies, merges, sources, targets
 from vllm_overlay.lock import Lock
 from vllm_overlay.series import Patch
 from vllm_overlay.store import Store
@@ -40,6 +40,49 @@ def dependency_drift(
 
     old_pins, new_pins = pins(old), pins(new)
     return dependencies.drift_by_patch(patches, old_pins, new_pins, store)
+
+
+def findings(
+    store: Store,
+    new: sources.Upstream,
+    patches: list[Patch],
+    report: apply.Report,
+    old_report: apply.Report,
+    old_dir: Path,
+    new_dir: Path,
+) -> dict[str, audit.Findings]:
+    """Conflicting vs merging files, broken merges and moved targets, patch by patch."""
+    repo = git.Repo(new_dir)
+    old_repo = git.Repo(old_dir) if (old_dir / ".git").exists() else None
+    read_new = audit.store_reader(git.Repo(store.upstreams_git), new.commit)
+    base = repo.git.rev_parse(new.commit)
+    found: dict[str, audit.Findings] = {}
+    try:
+        for patch in patches:
+            result = report.result_for(patch.name)
+            item = audit.Findings()
+            if result is None:
+                found[patch.name] = item
+                continue
+            if result.status is apply.Status.CONFLICT:
+                item.conflict = merges.conflict_report(repo, base, patch, result)
+            elif result.status is apply.Status.TARGET_MISSING:
+                item.moved = merges.moved_targets(repo, new.commit, patch, read_new)
+            elif merges.is_accepted_merge(result):
+                old_result = old_report.result_for(patch.name)
+                old_read = (
+                    audit.store_reader(old_repo, old_result.commit)
+                    if old_repo is not None and old_result is not None and old_result.commit
+                    else None
+                )
+                assert result.commit is not None
+                item.unresolved = merges.unresolved_names(repo, result.commit, old_read, patch.touched_files)
+            if result.accepted and result.commit:
+                base = result.commit
+            found[patch.name] = item
+    finally:
+        merges.cleanup_worktrees(repo)
+    return found
 
 
 def range_diff(old_repo: Path, new_repo: Path) -> str:
@@ -77,7 +120,7 @@ def run_audit(
     new = sources.obtain(spec, lock, store)
     with tempfile.TemporaryDirectory(prefix="vllm-overlay-audit-") as tmp:
         old_dir, new_dir = Path(tmp) / "old", Path(tmp) / "new"
-        apply.apply_series(
+        old_report = apply.apply_series(
             patches, old, lambda d: sources.checkout(store, old, d), old_dir, apply.Options(), publish_partial=True
         )
         report = apply.apply_series(
@@ -92,6 +135,7 @@ def run_audit(
         )
         drift = drift_by_patch(store, old, new, patches)
         deps = dependency_drift(store, old, new, patches, lock)
+        found = findings(store, new, patches, report, old_report, old_dir, new_dir)
         rows = []
         for patch in patches:
             result = report.result_for(patch.name)
@@ -105,6 +149,7 @@ def run_audit(
                     new.version,
                     max_age_releases,
                     deps[patch.name],
+                    found[patch.name],
                 )
             )
         diff = range_diff(old_dir, new_dir)
