@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 import tempfile
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import git
@@ -85,15 +87,49 @@ def findings(
     return found
 
 
+RANGE_DIFF_ROW_RE = re.compile(r"^\s*(\d+|-):\s+([0-9a-f]+|-+)\s+([<>=!])\s+(\d+|-):\s+([0-9a-f]+|-+)\s")
+
+
+def _changes(repo: git.Repo, commit: str) -> list[str]:
+    """A commit's changed lines per file, without positions or context: what it changes, not where."""
+    diff = repo.git.show("--format=", "--no-color", "--unified=0", commit, strip_newline_in_stdout=False)
+    return [
+        line
+        for line in diff.splitlines()
+        if line.startswith(("+", "-", "diff --git")) and not line.startswith(("+++", "---"))
+    ]
+
+
 def range_diff(old_repo: Path, new_repo: Path) -> str:
-    """``git range-diff`` of the series as applied on the old and on the new upstream."""
+    """``git range-diff`` of the series as applied on the old and on the new upstream.
+
+    Annotated: a commit that did not apply on the new base (``<``) is followed by its patch as
+    it was on the old base, and a changed pair (``!``) whose changed lines are the same on both
+    bases is marked "context only" (only surrounding lines or positions differ).
+    """
     new = git.Repo(new_repo)
     new.git.fetch("--quiet", "--no-tags", str(old_repo), "+HEAD:refs/vllm-overlay/old-series")
     old_base = git.Repo(old_repo).git.config("--get", apply.CONFIG_UPSTREAM)
     new_base = new.git.config("--get", apply.CONFIG_UPSTREAM)
-    return new.git.range_diff(
+    plain = new.git.range_diff(
         "--no-color", f"{old_base}..refs/vllm-overlay/old-series", f"{new_base}..HEAD", strip_newline_in_stdout=False
     )
+    lines: list[str] = []
+    for line in plain.splitlines():
+        row = RANGE_DIFF_ROW_RE.match(line)
+        if row is None:
+            lines.append(line)
+            continue
+        _, old_sha, mark, _, new_sha = row.groups()
+        if mark == "!" and _changes(new, old_sha) == _changes(new, new_sha):
+            lines.append(f"{line}    [context only]")
+            continue
+        lines.append(line)
+        if mark == "<":
+            lines.append("    did not apply on the new base; as on the old base:")
+            patch = new.git.show("--format=", "--no-color", "--stat", "-p", old_sha, strip_newline_in_stdout=False)
+            lines += [f"    {text}".rstrip() for text in patch.splitlines()]
+    return "\n".join(lines) + "\n"
 
 
 @dataclass
@@ -103,6 +139,18 @@ class AuditResult:
     report: apply.Report
     rows: list[audit.AuditRow]
     range_diff: str
+    seconds: dict[str, float] = field(default_factory=dict)  # wall time per phase
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._last = time.monotonic()
+
+    def lap(self, phase: str) -> None:
+        now = time.monotonic()
+        self.seconds[phase] = round(now - self._last, 2)
+        self._last = now
 
 
 def run_audit(
@@ -116,13 +164,16 @@ def run_audit(
     old_spec: str | None = None,
 ) -> AuditResult:
     """Apply the series to the old upstream (default: the lock) and to the new one (3-way allowed)."""
+    clock = _Clock()
     old = sources.obtain(old_spec, lock, store)
     new = sources.obtain(spec, lock, store)
+    clock.lap("obtain upstreams")
     with tempfile.TemporaryDirectory(prefix="vllm-overlay-audit-") as tmp:
         old_dir, new_dir = Path(tmp) / "old", Path(tmp) / "new"
         old_report = apply.apply_series(
             patches, old, lambda d: sources.checkout(store, old, d), old_dir, apply.Options(), publish_partial=True
         )
+        clock.lap("apply on the old upstream")
         report = apply.apply_series(
             patches,
             new,
@@ -133,9 +184,13 @@ def run_audit(
             publish_partial=True,
             seed_base=lambda: old.commit,
         )
+        clock.lap("apply on the new upstream")
         drift = drift_by_patch(store, old, new, patches)
+        clock.lap("target drift")
         deps = dependency_drift(store, old, new, patches, lock)
+        clock.lap("dependency drift")
         found = findings(store, new, patches, report, old_report, old_dir, new_dir)
+        clock.lap("conflicts, broken merges, moved targets")
         rows = []
         for patch in patches:
             result = report.result_for(patch.name)
@@ -153,4 +208,6 @@ def run_audit(
                 )
             )
         diff = range_diff(old_dir, new_dir)
-    return AuditResult(old, new, report, rows, diff)
+        clock.lap("range-diff")
+    clock.seconds["total"] = round(sum(clock.seconds.values()), 2)
+    return AuditResult(old, new, report, rows, diff, clock.seconds)

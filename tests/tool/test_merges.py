@@ -6,7 +6,7 @@ import json
 
 from tests.tool.conftest import replace_line, write_upstream
 from tests.tool.test_rebase import retarget
-from vllm_overlay import cli
+from vllm_overlay import cli, rebase
 
 ENGINE = "class Engine:\n    def step(self, x):\n        return x + 1\n\n    def other(self):\n        return 0\n"
 MOVER = "class Mover:\n    def run(self):\n        return 1\n"
@@ -68,3 +68,12 @@ def test_audit_findings(project, make_patch, tmp_path, store_env):
     assert moved["status"] == "target-missing" and moved["decision"] == "resolve"
     assert moved["moved_targets"] == ["Mover.run is in vllm/moved/place.py there"]
     assert "Mover.run is in vllm/moved/place.py there" in moved["reason"]
+
+    range_diff = (tmp_path / "rd.txt").read_text()
+    skipped = range_diff.split("add helper", 1)[1]
+    assert skipped.lstrip("\n").startswith("    did not apply on the new base; as on the old base:")
+    assert "+    def helper(self):" in skipped.split("use helper")[0]
+    use_row = next(
+        line for line in range_diff.splitlines() if rebase.RANGE_DIFF_ROW_RE.match(line) and "use helper" in line
+    )
+    assert "!" in use_row and use_row.endswith("[context only]"), range_diff
