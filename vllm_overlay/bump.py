@@ -332,7 +332,7 @@ def new_lock(old: Lock, upstream: sources.Upstream, store: Store) -> Lock:
     if sdist_name not in files:
         raise BumpError(f"the index has no {sdist_name}")
     wheels: dict[str, Artifact] = {}
-    for arch in WHEEL_ARCHES:
+    for arch in sorted(WHEEL_ARCHES):  # the order lock.parse reads them in: a re-lock is byte-stable
         matching = sorted(name for name in files if name.endswith(".whl") and f"_{arch}." in name)
         if matching:
             wheels[arch] = Artifact(matching[0], files[matching[0]].sha256)
