@@ -174,6 +174,11 @@ def audit_row(
     if age is not None and age > max_age_releases:
         warnings.append(f"Last-Update {last_update} is {age} upstream releases old (limit {max_age_releases})")
     warnings.extend(f"target changed: {d}" for d in drift if d.drift in DRIFTING and result.accepted)
+    warnings.extend(
+        f"Dependency-Targets {d.target} is not in the locked pin: {d}"
+        for d in deps or []
+        if d.drift in (targets.Drift.ABSENT, targets.Drift.APPEARED)
+    )
     return AuditRow(
         patch=patch.name,
         series=patch.series,

@@ -159,9 +159,10 @@ def _changed_functions(tree: ast.Module, lines: set[int]) -> list[tuple[ast.AST,
 
 
 def _class_attributes(read: targets.FileReader, path: str, source: str, cls: str, depth: int = 0) -> set[str] | None:
-    """Names a class defines (methods, class attributes, ``self.x =``), bases in the tree included.
+    """Names a class defines (methods, class attributes, ``self.x =``), its bases in the tree included.
 
-    None when some base cannot be followed inside the tree (then absence proves nothing).
+    Bases from outside the tree (torch.nn.Module) contribute nothing; callers only compare two
+    trees' answers, so what such a base provides cancels out. None when the class is not there.
     """
     try:
         tree = ast.parse(source)
@@ -178,7 +179,6 @@ def _class_attributes(read: targets.FileReader, path: str, source: str, cls: str
             names.add(item.id)
         elif isinstance(item, ast.Attribute) and isinstance(item.ctx, ast.Store):
             names.add(item.attr)
-    complete = True
     imports = {
         alias.asname or alias.name: (imported.module or "", alias.name)
         for imported in tree.body
@@ -187,7 +187,6 @@ def _class_attributes(read: targets.FileReader, path: str, source: str, cls: str
     }
     for base in node.bases:
         if not isinstance(base, ast.Name):
-            complete = False
             continue
         if targets.find_symbol(tree, base.id) is not None:
             inherited = _class_attributes(read, path, source, base.id, depth + 1)
@@ -201,11 +200,8 @@ def _class_attributes(read: targets.FileReader, path: str, source: str, cls: str
                     break
         else:
             inherited = None
-        if inherited is None:
-            complete = False
-        else:
-            names |= inherited
-    return names if complete or names else None
+        names |= inherited or set()
+    return names
 
 
 def _self_attributes(function: ast.AST) -> dict[str, int]:
@@ -245,18 +241,15 @@ def unresolved_names(
             continue
         functions = _changed_functions(tree, lines)
         spans = [(node.lineno, node.end_lineno or node.lineno) for node, _ in functions]
-        collect = _Collect()
-        pyflakes_api.check(source, path, collect)
-        for message in collect.found:
-            if not isinstance(message, pyflakes_messages.UndefinedName | pyflakes_messages.UndefinedLocal):
-                continue
-            line = message.lineno
-            if line in lines or any(start <= line <= end for start, end in spans):
-                problems.append(f"{path}:{line}: {message.message % message.message_args}")
+        old_source = old_read(path) if old_read is not None else None
+        # A name the tree the patch was made on leaves undefined too is not this merge's doing.
+        known = {text for _, text in _undefined(old_source, path)} if old_source is not None else set()
+        for line, text in _undefined(source, path):
+            if text not in known and (line in lines or any(start <= line <= end for start, end in spans)):
+                problems.append(f"{path}:{line}: {text}")
         if old_read is None:
             continue
         read_new = _reader(repo, commit)
-        old_source = old_read(path)
         for function, cls in functions:
             if cls is None:
                 continue
@@ -271,6 +264,17 @@ def unresolved_names(
                         "(the tree the patch was made on defines it)"
                     )
     return problems
+
+
+def _undefined(source: str, path: str) -> list[tuple[int, str]]:
+    """pyflakes' undefined-name findings of a file: (line, message)."""
+    collect = _Collect()
+    pyflakes_api.check(source, path, collect)
+    return [
+        (message.lineno, message.message % message.message_args)
+        for message in collect.found
+        if isinstance(message, pyflakes_messages.UndefinedName | pyflakes_messages.UndefinedLocal)
+    ]
 
 
 def _reader(repo: git.Repo, commit: str) -> targets.FileReader:

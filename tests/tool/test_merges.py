@@ -19,6 +19,8 @@ def add_helper(tree):
         "        return 0\n\n    def helper(self):\n        return 7\n",
     )
     replace_line(tree / "vllm" / "core.py", "line_20 = 20\n", "line_20 = 200\n")
+    with open(tree / "vllm" / "engine.py", "a") as handle:
+        handle.write("\n\ndef lookup(x):\n    return x\n")
 
 
 def use_helper(tree):
