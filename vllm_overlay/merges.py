@@ -290,13 +290,24 @@ def _reader(repo: git.Repo, commit: str) -> targets.FileReader:
 # --- moved targets -------------------------------------------------------------------------------
 
 
-def moved_targets(repo: git.Repo, commit: str, patch: Patch, read_new: targets.FileReader) -> list[str]:
-    """For each Targets symbol whose module file is missing in the new tree: where it is now."""
+def moved_targets(
+    repo: git.Repo, commit: str, patch: Patch, read_new: targets.FileReader, read_old: targets.FileReader
+) -> list[str]:
+    """For each Targets symbol whose module file the old upstream has and the new one lacks: where it is now."""
     notes = []
     for target in patch.targets:
         module, _, qualname = target.partition(":")
-        if any(read_new(path) is not None for path in targets.module_files(module)) or not qualname:
+        files = targets.module_files(module)
+        if not qualname or any(read_new(path) is not None for path in files):
             continue
+        if all(read_old(path) is None for path in files):
+            continue  # a module the patch itself adds
+        old_source = next((text for text in map(read_old, files) if text is not None), "")
+        try:
+            if targets.find_symbol(ast.parse(old_source), qualname) is None:
+                continue  # a symbol the patch itself adds
+        except SyntaxError:
+            pass
         head = qualname.split(".")[0]
         pattern = rf"^\s*(class|def|async def) {re.escape(head)}\b"
         status, out, _err = repo.git.grep(

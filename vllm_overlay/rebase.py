@@ -46,6 +46,7 @@ def dependency_drift(
 
 def findings(
     store: Store,
+    old: sources.Upstream,
     new: sources.Upstream,
     patches: list[Patch],
     report: apply.Report,
@@ -56,7 +57,9 @@ def findings(
     """Conflicting vs merging files, broken merges and moved targets, patch by patch."""
     repo = git.Repo(new_dir)
     old_repo = git.Repo(old_dir) if (old_dir / ".git").exists() else None
-    read_new = audit.store_reader(git.Repo(store.upstreams_git), new.commit)
+    store_repo = git.Repo(store.upstreams_git)
+    read_new = audit.store_reader(store_repo, new.commit)
+    read_old = audit.store_reader(store_repo, old.commit)
     base = repo.git.rev_parse(new.commit)
     found: dict[str, audit.Findings] = {}
     try:
@@ -69,7 +72,7 @@ def findings(
             if result.status is apply.Status.CONFLICT:
                 item.conflict = merges.conflict_report(repo, base, patch, result)
             elif result.status is apply.Status.TARGET_MISSING:
-                item.moved = merges.moved_targets(repo, new.commit, patch, read_new)
+                item.moved = merges.moved_targets(repo, new.commit, patch, read_new, read_old)
             elif merges.is_accepted_merge(result):
                 old_result = old_report.result_for(patch.name)
                 old_read = (
@@ -189,7 +192,7 @@ def run_audit(
         clock.lap("target drift")
         deps = dependency_drift(store, old, new, patches, lock)
         clock.lap("dependency drift")
-        found = findings(store, new, patches, report, old_report, old_dir, new_dir)
+        found = findings(store, old, new, patches, report, old_report, old_dir, new_dir)
         clock.lap("conflicts, broken merges, moved targets")
         rows = []
         for patch in patches:

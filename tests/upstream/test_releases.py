@@ -11,7 +11,8 @@ takes none of shared_static_workspace / shared_dynamic_workspace / shared_output
 workspace-reuse patch applies cleanly there and must still not be "keep". 0.31.0 and 0.32.0 pin
 0.7.0.post1, whose wrapper lacks only expert_map (refresh, not resolve). On every one of them the
 wrong-width patch merges while the n-gram patch that adds check_full_table_shape() does not: a
-broken merge ("resolve"). The round trip bumps the series to 0.32.0 and back.
+broken merge ("resolve"). The round trip bumps the series to 0.32.0 and back. 0.29.0 has no
+nvidia/ngram_embedding.py: the moved-target check finds the class in the ple_layer.py files.
 These tests need the network (the index) and take a few minutes; tests/tool stays fast.
 """
 
@@ -27,7 +28,8 @@ from pathlib import Path
 import git
 import pytest
 
-from vllm_overlay import apply, bump, cli, lock, series, sources
+from vllm_overlay import apply, bump, cli, lock, merges, series, sources
+from vllm_overlay.audit import store_reader
 from vllm_overlay.store import Store
 
 REPO = Path(__file__).resolve().parents[2]
@@ -272,3 +274,18 @@ def test_round_trip_to_an_older_release_and_back_is_byte_identical(tmp_path: Pat
 
     bump_through(project, "0.33.0", back)
     assert snapshot(project) == before
+
+
+def test_moved_target_is_located_in_0_29_0() -> None:
+    """0.29.0 has no nvidia/ngram_embedding.py: the n-gram patch's target class lives in ple_layer.py."""
+    the_lock = lock.load(REPO / "upstream.lock")
+    store = Store()
+    old, new = sources.obtain(None, the_lock, store), sources.obtain("0.29.0", the_lock, store)
+    repo = git.Repo(store.upstreams_git)
+    patch = next(p for p in series.load_series(REPO / "patches") if p.name == LOADER_FULL)
+    moved = merges.moved_targets(repo, new.commit, patch, store_reader(repo, new.commit),
+                                 store_reader(repo, old.commit))  # fmt: skip
+    assert moved == [
+        "Qwen4ExpNGramEmbedding.load_weights is in vllm/models/qwen4_exp/amd/ple_layer.py, "
+        "vllm/models/qwen4_exp/nvidia/ple_layer.py there"
+    ]
