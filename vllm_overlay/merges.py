@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ast
 import re
-import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -66,28 +65,35 @@ def _hunks(notes: list[HunkNote], resolve: set[str], merge: set[str]) -> list[Hu
 
 
 def conflict_report(repo: git.Repo, base: str, patch: Patch, result: PatchResult) -> ConflictReport:
-    """Apply the patch with ``git apply --3way`` onto ``base`` in a scratch worktree and see what is left."""
+    """Apply the patch with ``git apply --3way`` onto ``base`` and see which files are left unmerged.
+
+    The merge runs on a private index and a scratch work tree holding only the files the patch
+    touches (git apply reads and writes no others), so no full checkout is made.
+    """
     failing_files = sorted({note.file for note in result.hunks})
     with tempfile.TemporaryDirectory(prefix="vllm-overlay-conflict-") as tmp:
         work = Path(tmp) / "tree"
-        repo.git.worktree("add", "--detach", "--quiet", str(work), base)
-        try:
-            tree = git.Repo(work)
-            status, _out, err = tree.git.apply(
-                "--3way", str(patch.path), with_extended_output=True, with_exceptions=False
+        work.mkdir()
+        scratch = git.Git(work)
+        env = {"GIT_DIR": str(repo.git_dir), "GIT_INDEX_FILE": str(Path(tmp) / "index"), "GIT_WORK_TREE": str(work)}
+        with scratch.custom_environment(**env):
+            scratch.read_tree(base)
+            present = [name for name in patch.touched_files if scratch.ls_files("--", name)]
+            if present:
+                scratch.checkout_index("-u", "--", *present)  # -u: record the stat data
+            status, _out, err = scratch.apply(
+                "--3way", str(patch.path.resolve()), with_extended_output=True, with_exceptions=False
             )
-            unmerged = [name for name in tree.git.diff("--name-only", "--diff-filter=U").splitlines() if name]
-            resolve: dict[str, list[int]] = {}
-            for name in unmerged:
-                text = (work / name).read_text(encoding="utf-8", errors="replace").splitlines()
-                resolve[name] = [i for i, line in enumerate(text, start=1) if CONFLICT_START_RE.match(line)]
-            error = ""
-            if status != 0 and not unmerged:
-                error = err.strip().splitlines()[-1] if err.strip() else f"git apply --3way exited {status}"
-                # Nothing was merged: every failing file is still to be resolved.
-                resolve = {name: [] for name in failing_files}
-        finally:
-            repo.git.worktree("remove", "--force", str(work))
+            unmerged = sorted({line.split("\t", 1)[1] for line in scratch.ls_files("-u").splitlines() if "\t" in line})
+        resolve: dict[str, list[int]] = {}
+        for name in unmerged:
+            text = (work / name).read_text(encoding="utf-8", errors="replace").splitlines()
+            resolve[name] = [i for i, line in enumerate(text, start=1) if CONFLICT_START_RE.match(line)]
+    error = ""
+    if status != 0 and not unmerged:
+        error = err.strip().splitlines()[-1] if err.strip() else f"git apply --3way exited {status}"
+        # Nothing was merged: every failing file is still to be resolved.
+        resolve = {name: [] for name in failing_files}
     merge = [name for name in failing_files if name not in resolve]
     return ConflictReport(resolve, merge, _hunks(result.hunks, set(resolve), set(merge)), error)
 
@@ -331,8 +337,3 @@ def moved_targets(
 
 def is_accepted_merge(result: PatchResult) -> bool:
     return result.accepted and result.commit is not None and result.status is not Status.ALREADY_UPSTREAM
-
-
-def cleanup_worktrees(repo: git.Repo) -> None:
-    repo.git.worktree("prune")
-    shutil.rmtree(Path(repo.git_dir) / "worktrees", ignore_errors=True)

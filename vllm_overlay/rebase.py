@@ -62,31 +62,28 @@ def findings(
     read_old = audit.store_reader(store_repo, old.commit)
     base = repo.git.rev_parse(new.commit)
     found: dict[str, audit.Findings] = {}
-    try:
-        for patch in patches:
-            result = report.result_for(patch.name)
-            item = audit.Findings()
-            if result is None:
-                found[patch.name] = item
-                continue
-            if result.status is apply.Status.CONFLICT:
-                item.conflict = merges.conflict_report(repo, base, patch, result)
-            elif result.status is apply.Status.TARGET_MISSING:
-                item.moved = merges.moved_targets(repo, new.commit, patch, read_new, read_old)
-            elif merges.is_accepted_merge(result):
-                old_result = old_report.result_for(patch.name)
-                old_read = (
-                    audit.store_reader(old_repo, old_result.commit)
-                    if old_repo is not None and old_result is not None and old_result.commit
-                    else None
-                )
-                assert result.commit is not None
-                item.unresolved = merges.unresolved_names(repo, result.commit, old_read, patch.touched_files)
-            if result.accepted and result.commit:
-                base = result.commit
+    for patch in patches:
+        result = report.result_for(patch.name)
+        item = audit.Findings()
+        if result is None:
             found[patch.name] = item
-    finally:
-        merges.cleanup_worktrees(repo)
+            continue
+        if result.status is apply.Status.CONFLICT:
+            item.conflict = merges.conflict_report(repo, base, patch, result)
+        elif result.status is apply.Status.TARGET_MISSING:
+            item.moved = merges.moved_targets(repo, new.commit, patch, read_new, read_old)
+        elif merges.is_accepted_merge(result):
+            old_result = old_report.result_for(patch.name)
+            old_read = (
+                audit.store_reader(old_repo, old_result.commit)
+                if old_repo is not None and old_result is not None and old_result.commit
+                else None
+            )
+            assert result.commit is not None
+            item.unresolved = merges.unresolved_names(repo, result.commit, old_read, patch.touched_files)
+        if result.accepted and result.commit:
+            base = result.commit
+        found[patch.name] = item
     return found
 
 
@@ -212,5 +209,6 @@ def run_audit(
             )
         diff = range_diff(old_dir, new_dir)
         clock.lap("range-diff")
+    clock.lap("remove the scratch trees")
     clock.seconds["total"] = round(sum(clock.seconds.values()), 2)
     return AuditResult(old, new, report, rows, diff, clock.seconds)

@@ -51,7 +51,8 @@ def test_audit_findings(project, make_patch, tmp_path, store_env):
 
     conflict = rows["add-helper.patch"]
     assert (conflict["status"], conflict["decision"]) == ("conflict", "resolve")
-    assert list(conflict["resolve_files"]) == ["vllm/engine.py"] and conflict["resolve_files"]["vllm/engine.py"]
+    assert list(conflict["resolve_files"]) == ["vllm/engine.py"], conflict["reason"]
+    assert conflict["resolve_files"]["vllm/engine.py"], conflict["reason"]  # the conflict regions' lines
     assert conflict["merge_files"] == ["vllm/core.py"]
     hows = {(h["file"], h["hunk"]): h["how"] for h in conflict["hunks"]}
     assert hows[("vllm/engine.py", 1)] == "does not apply; conflicts in a 3-way merge"
