@@ -9,7 +9,9 @@
 # STAGES (default: all) picks among:
 #   probe  which modules import, which platform vLLM resolves
 #   qeo    queue-event-ownership: CPU-offload stores with real streams/events
-#   rs     route-sanitization: the real _sanitized_routes under graph replay
+#   rs     route-sanitization: the real per-layer route guard under graph replay
+#   rsq    route-sanitization: the Triton guard against the torch path, first
+#          call of each B12x backend's guard inside CUDA-graph capture
 #   wr     workspace-reuse: 48 B12x wrappers, allocator statistics
 #   ba     byte-accounting: planner block size, page tensors on CUDA
 #
@@ -103,4 +105,5 @@ on rs && {
     unspec patched 100 benchmarks/route_sanitization_guard.py --block-size $b --tokens 1 1024 4096 8192 --top-k 10
   done
 } > "$OUT/route_sanitization.txt" 2>&1
-cd "$OUT" && grep -h -v -E "^W[0-9]{4}|Warning|warn" *.txt | grep -E "^(OK|FAIL|current|##|==|TUNING|guard|vllm)|exit status|^ +[0-9]+ +(8|10) |allocated_bytes|reserved_bytes|distinct_static|segments|allocations|wrapper_bytes|^(fp8|nvfp4|octave)|platform method|CARRY" | cut -c1-200
+on rsq && unspec patched 400 benchmarks/route_sanitization_qualify.py > "$OUT/route_sanitization_qualify.txt" 2>&1
+cd "$OUT" && grep -h -v -E "^W[0-9]{4}|Warning|warn" *.txt | grep -E "^(OK|FAIL|current|##|==|TUNING|guard|vllm)|exit status|^ +[0-9]+ +(8|10) |allocated_bytes|reserved_bytes|distinct_static|segments|allocations|wrapper_bytes|^(fp8|nvfp4|octave)|platform method|CARRY|^(int32|int64) |RESULT|MISMATCH|budget|first call captured" | cut -c1-200

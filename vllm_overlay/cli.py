@@ -7,6 +7,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from vllm_overlay import indexes
+
 # verb -> (module under vllm_overlay.commands, one-line help)
 VERBS: dict[str, tuple[str, str]] = {
     "apply-patches": ("apply_patches", "apply the series onto a fresh upstream tree"),
@@ -41,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "index_url", None):
+        indexes.set_override(args.index_url)
     return int(args._module.run(args))
 
 

@@ -25,7 +25,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_overlay import output, record
+from vllm_overlay import indexes, output, record
 from vllm_overlay.lock import Lock
 from vllm_overlay.store import Store
 
@@ -45,7 +45,7 @@ TEST_REQUIREMENTS = (
 # Modules that must import in an environment given with --env.
 REQUIRED_MODULES = ("pytest", "pytest_timeout", "tblib")
 TOOL_PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
-FALLBACK_TOOL_REQUIREMENTS = ("unidiff>=0.7.5", "GitPython>=3.1.40", "tqdm>=4.66")
+FALLBACK_TOOL_REQUIREMENTS = ("unidiff>=0.7.5", "GitPython>=3.1.40", "tqdm>=4.66", "packaging>=23")
 
 
 class EnvError(RuntimeError):
@@ -192,6 +192,7 @@ def _build(store: Store, lock: Lock, key: str, reqs: list[str], link: Path) -> E
     try:
         with open(log, "w", encoding="utf-8") as handle:
             pip = [str(real / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
+            pip += indexes.pip_arguments()
             for command in (
                 [sys.executable, "-m", "venv", str(real)],
                 [*pip, "--upgrade", "pip"],

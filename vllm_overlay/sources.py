@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -22,13 +21,20 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import git
+from packaging.utils import (
+    InvalidSdistFilename,
+    InvalidWheelFilename,
+    canonicalize_name,
+    parse_sdist_filename,
+    parse_wheel_filename,
+)
+from packaging.version import InvalidVersion, Version
 from tqdm import tqdm
 
-from vllm_overlay import output
+from vllm_overlay import indexes, output
 from vllm_overlay.lock import Lock
 from vllm_overlay.store import Store
 
-DEFAULT_INDEX = "https://pypi.org/simple"
 VERSION_RE = re.compile(r"^\d+(\.\d+)*([._-]?(a|b|rc|post|dev)\d*)*$")
 IMPORT_IDENTITY = {
     "GIT_AUTHOR_NAME": "upstream import",
@@ -71,53 +77,67 @@ class Upstream:
 
 
 def index_url() -> str:
-    return os.environ.get("VLLM_OVERLAY_INDEX_URL", DEFAULT_INDEX).rstrip("/")
+    """The first index the tool reads (for messages); see vllm_overlay.indexes."""
+    configured = indexes.configured()
+    return configured[0] if configured else "(no index configured)"
 
 
 def release_files(project: str, version: str) -> list[IndexFile]:
-    """Files the package index publishes for one release, with the sha256 the index states."""
-    data = _index_json(project)
-    # Newer uploads spell the name normalized in file names (flashinfer_python-0.7.2.tar.gz).
-    stems = {project, re.sub(r"[-_.]+", "_", project)}
-    sdists = {f"{stem}-{version}.tar.gz" for stem in stems}
-    wheels = tuple(f"{stem}-{version}-" for stem in stems)
+    """Files the package indexes publish for one release, with the sha256 each index states."""
+    try:
+        wanted = (canonicalize_name(project), Version(version))
+    except InvalidVersion as exc:
+        raise SourceError(f"not a version number: {version!r}") from exc
     files = [
-        IndexFile(f["filename"], f["url"], f.get("hashes", {}).get("sha256", ""), f.get("size"))
-        for f in data.get("files", [])
-        if f["filename"] in sdists or f["filename"].startswith(wheels)
+        IndexFile(entry.filename, entry.url, entry.sha256, entry.size)
+        for entry in _project_files(project)
+        if _release_of(entry.filename) == wanted
     ]
     if not files:
         raise SourceError(f"the package index lists no files for {project} {version}")
     return files
 
 
-def _index_json(project: str) -> dict:
-    url = f"{index_url()}/{project}/"
-    request = urllib.request.Request(url, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+def _release_of(filename: str) -> tuple[str, Version] | None:
+    """(canonical project name, version) of an sdist or wheel file name; None for anything else."""
     try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return json.load(response)
-    except (urllib.error.URLError, TimeoutError, json.JSONDecodeError) as exc:
-        raise SourceError(f"cannot read the package index at {url}: {exc}") from exc
+        if filename.endswith(".whl"):
+            name, parsed, _build, _tags = parse_wheel_filename(filename)
+        elif filename.endswith(".tar.gz"):
+            name, parsed = parse_sdist_filename(filename)
+        else:
+            return None
+    except (InvalidWheelFilename, InvalidSdistFilename):
+        return None
+    return str(name), parsed
+
+
+def _project_files(project: str) -> list[indexes.IndexEntry]:
+    try:
+        return indexes.project_files(project)
+    except indexes.IndexReadError as exc:
+        raise SourceError(str(exc)) from exc
 
 
 def release_dates(project: str) -> dict[str, dt.date]:
-    """First upload date of every release the index lists (for "N releases old" warnings)."""
+    """First upload date of every release the index lists (for "N releases old" warnings).
+
+    Only indexes that speak the JSON API state upload times; an index of plain HTML gives none.
+    """
     dates: dict[str, dt.date] = {}
-    for entry in _index_json(project).get("files", []):
-        uploaded = entry.get("upload-time")
-        match = re.match(rf"{re.escape(project)}-([^-]+?)(?:\.tar\.gz|-)", entry["filename"])
-        if not uploaded or not match:
+    for entry in _project_files(project):
+        release = _release_of(entry.filename)
+        if not entry.upload_time or release is None:
             continue
-        day = dt.date.fromisoformat(uploaded[:10])
-        version = match.group(1)
+        day = dt.date.fromisoformat(entry.upload_time[:10])
+        version = str(release[1])
         dates[version] = min(day, dates.get(version, day))
     return dates
 
 
 def sdist_of(project: str, version: str) -> IndexFile:
     for entry in release_files(project, version):
-        if entry.filename == f"{project}-{version}.tar.gz":
+        if entry.filename.endswith(".tar.gz"):
             if not re.fullmatch(r"[0-9a-f]{64}", entry.sha256):
                 raise SourceError(f"the index gives no sha256 for {entry.filename}")
             return entry

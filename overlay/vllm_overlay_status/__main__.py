@@ -6,6 +6,8 @@ verify   the full check (exit 1 on any difference): the installed vllm is the ma
          every file not replaced matches the wheel's RECORD, every replaced file matches the
          manifest, nothing else was added; never imports vllm or torch
 compile  byte-compile the replaced files (checked-hash pycs); the image build runs it
+sbom     print the image's CycloneDX SBOM (JSON; sbom.cdx.json beside this package): the vllm
+         release with every carried patch as its pedigree
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import ManifestError, load_manifest, manifest_path, vllm_site_packages
+from . import SBOM_NAME, ManifestError, load_manifest, manifest_path, vllm_site_packages
 from .checks import compile_replaced, running, verify
 
 
@@ -84,14 +86,29 @@ def cmd_compile(args: argparse.Namespace, manifest: dict) -> int:
     return 0
 
 
+def cmd_sbom(args: argparse.Namespace, manifest: dict) -> int:
+    path = manifest_path().parent / SBOM_NAME
+    try:
+        sys.stdout.write(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        print(
+            f"error: {path}: no SBOM ({exc.strerror}; was this package staged by scripts/build-image?)", file=sys.stderr
+        )
+        return 2
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python3 -m vllm_overlay_status", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--manifest", type=Path, default=None, help="manifest to use (default: the one shipped here)")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, handler in (("status", cmd_status), ("verify", cmd_verify), ("compile", cmd_compile)):
+    for name, handler in (("status", cmd_status), ("verify", cmd_verify), ("compile", cmd_compile), ("sbom", cmd_sbom)):
         command = sub.add_parser(name)
+        if name == "sbom":
+            command.set_defaults(handler=handler)
+            continue
         command.add_argument("--site-packages", type=Path, default=None, help="default: where vllm is found")
         if name != "compile":
             command.add_argument("--json", action="store_true", help="machine-readable output")

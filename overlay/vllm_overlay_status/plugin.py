@@ -4,6 +4,7 @@ Registered in the ``vllm.general_plugins`` entry-point group (see this distribut
 entry_points.txt). vLLM calls :func:`register` once in each process it starts (API server, engine
 core, workers). It hashes only the replaced files (a few milliseconds), logs one line naming the
 active series, and raises on any mismatch so a process never serves with files it does not claim.
+Once the check passes it publishes the ``vllm_overlay_info`` metric (see :mod:`.metrics`).
 ``VLLM_OVERLAY_ALLOW_MISMATCH=1`` turns the failure into an error log (for debugging only).
 Note that vLLM loads only the plugins ``VLLM_PLUGINS`` names when that variable is set.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 
-from . import ManifestError, load_manifest, vllm_site_packages
+from . import ManifestError, load_manifest, metrics, vllm_site_packages
 from .checks import environment_note, running
 
 ALLOW_ENV = "VLLM_OVERLAY_ALLOW_MISMATCH"
@@ -57,6 +58,7 @@ def register() -> None:
         _fail(problems)
         return
     logger.info("%s [%s]", summary(manifest), environment_note())
+    metrics.publish(manifest)
 
 
 def _fail(problems: list[str]) -> None:

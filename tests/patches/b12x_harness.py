@@ -17,9 +17,11 @@ from typing import Any
 import flashinfer.fused_moe as fi_fused_moe
 import torch
 from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+from vllm.model_executor.layers.fused_moe.b12x import B12xExperts
 from vllm.model_executor.layers.fused_moe.config import (
     FusedMoEConfig,
     FusedMoEParallelConfig,
+    FusedMoEQuantConfig,
     RoutingMethodType,
     nvfp4_moe_quant_config,
 )
@@ -48,6 +50,7 @@ def make_experts(
     max_num_tokens: int,
     device: str = "cpu",
     activation: MoEActivation = MoEActivation.SILU,
+    moe_parallel_config: FusedMoEParallelConfig | None = None,
 ) -> FlashInferB12xExperts:
     """One real FlashInferB12xExperts of a MoE shape (NVFP4, the B12x backend's only quant scheme).
 
@@ -55,19 +58,8 @@ def make_experts(
     construction read the shape, not the values.
     """
     e = num_experts
-    moe_config = FusedMoEConfig(
-        num_experts=e,
-        experts_per_token=top_k,
-        hidden_dim=hidden,
-        intermediate_size=intermediate,
-        num_local_experts=e,
-        num_logical_experts=e,
-        moe_parallel_config=FusedMoEParallelConfig.make_no_parallel(),
-        activation=activation,
-        in_dtype=torch.bfloat16,
-        device=device,
-        routing_method=RoutingMethodType.TopK,
-        max_num_tokens=max_num_tokens,
+    moe_config = make_moe_config(
+        num_experts, top_k, hidden, intermediate, max_num_tokens, device, activation, moe_parallel_config
     )
     w1_rows = intermediate * (2 if activation.is_gated else 1)
     quant_config = nvfp4_moe_quant_config(
@@ -79,6 +71,69 @@ def make_experts(
         w2_scale=torch.ones(e, hidden, intermediate // 16).to(torch.float8_e4m3fn),
     )
     return FlashInferB12xExperts(moe_config, quant_config)
+
+
+def make_moe_config(
+    num_experts: int,
+    top_k: int,
+    hidden: int,
+    intermediate: int,
+    max_num_tokens: int,
+    device: str = "cpu",
+    activation: MoEActivation = MoEActivation.SILU,
+    moe_parallel_config: FusedMoEParallelConfig | None = None,
+) -> FusedMoEConfig:
+    """The FusedMoEConfig of a B12x MoE layer (no parallelism unless ``moe_parallel_config`` is given)."""
+    e = num_experts
+    return FusedMoEConfig(
+        num_experts=e,
+        experts_per_token=top_k,
+        hidden_dim=hidden,
+        intermediate_size=intermediate,
+        num_local_experts=e,
+        num_logical_experts=e,
+        moe_parallel_config=moe_parallel_config or FusedMoEParallelConfig.make_no_parallel(),
+        activation=activation,
+        in_dtype=torch.bfloat16,
+        device=device,
+        routing_method=RoutingMethodType.TopK,
+        max_num_tokens=max_num_tokens,
+    )
+
+
+# The quantization schemes B12xExperts (vllm/model_executor/layers/fused_moe/b12x.py) takes, as
+# (weight dtype, activation dtype) -> the b12x kernel mode it selects.
+B12X_TP_SCHEMES: dict[tuple[str, str | None], str] = {
+    ("nvfp4", "nvfp4"): "nvfp4",
+    ("nvfp4", "mxfp8"): "w4a8_nvfp4",
+    ("nvfp4", None): "w4a16",
+    ("mxfp4", "mxfp8"): "w4a8_mx",
+    ("mxfp4", None): "w4a16",
+}
+
+
+def make_b12x_tp_experts(
+    scheme: tuple[str, str | None],
+    moe_config: FusedMoEConfig,
+) -> B12xExperts:
+    """One real B12xExperts (the b12x planned-API backend) for a quantization scheme.
+
+    Its scales are placeholders: construction reads only the scheme, and the weights the b12x
+    library prepares on a GPU are not part of what reaches the kernel's route arguments.
+    """
+    weight_dtype, activation_dtype = scheme
+    scale = torch.ones(1, dtype=torch.float32)
+    quant_config = FusedMoEQuantConfig.make(
+        quant_dtype=activation_dtype,
+        weight_dtype=weight_dtype,
+        w1_scale=scale,
+        w2_scale=scale,
+        g1_alphas=scale,
+        g2_alphas=scale,
+        a1_gscale=scale,
+        a2_gscale=scale,
+    )
+    return B12xExperts(moe_config, quant_config)
 
 
 def describe_vllm() -> str:
@@ -100,13 +155,21 @@ class B12xLayer:
         intermediate: int = 128,
         max_num_tokens: int = 256,
         activation: MoEActivation = MoEActivation.SILU,
+        moe_parallel_config: FusedMoEParallelConfig | None = None,
     ) -> None:
         self.num_experts = num_experts
         self.top_k = top_k
         self.hidden = hidden
         self.activation = activation
         self.experts = make_experts(
-            num_experts, top_k, hidden, intermediate, max_num_tokens, device="cpu", activation=activation
+            num_experts,
+            top_k,
+            hidden,
+            intermediate,
+            max_num_tokens,
+            device="cpu",
+            activation=activation,
+            moe_parallel_config=moe_parallel_config,
         )
         e = num_experts
         self.experts.process_weights_after_loading(

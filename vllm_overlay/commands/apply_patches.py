@@ -14,13 +14,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vllm_overlay import apply, lock, output, project, rebase, report, series, sources
+from vllm_overlay import apply, indexes, lock, output, project, rebase, report, series, sources
 from vllm_overlay.audit import DRIFTING
 from vllm_overlay.store import Store
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     project.add_project_argument(parser)
+    indexes.add_argument(parser)
     parser.add_argument(
         "--upstream",
         default=None,

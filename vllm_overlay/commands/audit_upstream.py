@@ -28,13 +28,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vllm_overlay import lock, output, project, rebase, report, series, sources
+from vllm_overlay import indexes, lock, output, project, rebase, report, series, sources
 from vllm_overlay.audit import Decision, markdown
 from vllm_overlay.store import Store
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     project.add_project_argument(parser)
+    indexes.add_argument(parser)
     parser.add_argument("--upstream", required=True, metavar="VERSION|DIR|REPO@REV", help="the new upstream")
     parser.add_argument(
         "--from", dest="old", default=None, metavar="VERSION|DIR|REPO@REV", help="the old upstream (default: the lock)"

@@ -23,12 +23,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vllm_overlay import bump, cli, lock, output, project, series, sources
+from vllm_overlay import bump, cli, indexes, lock, output, project, series, sources
 from vllm_overlay.store import Store
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     project.add_project_argument(parser)
+    indexes.add_argument(parser)
     parser.add_argument("version", nargs="?", help="the new upstream release (e.g. 0.34.0)")
     parser.add_argument("--continue", dest="resume", action="store_true", help="continue after resolving")
     parser.add_argument("--abort", action="store_true", help="abandon the bump in progress")

@@ -32,12 +32,13 @@ import json
 import time
 from pathlib import Path
 
-from vllm_overlay import apply, envs, junit, lock, output, project, report, series, shadow, sources, testrun
+from vllm_overlay import apply, envs, indexes, junit, lock, output, project, report, series, shadow, sources, testrun
 from vllm_overlay.store import Store
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     project.add_project_argument(parser)
+    indexes.add_argument(parser)
     parser.add_argument(
         "--only",
         action="append",

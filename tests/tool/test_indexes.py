@@ -1,0 +1,132 @@
+"""Package indexes come from pip's configuration (or --index-url), and a configured index is used."""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import hashlib
+import http.server
+import json
+import re
+import tarfile
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.tool.conftest import REPO_ROOT, write_upstream
+from vllm_overlay import indexes, lock, sources
+from vllm_overlay.store import Store
+
+
+@pytest.fixture(autouse=True)
+def isolated_pip(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Nothing of this machine's pip configuration leaks in: only what each test sets."""
+    for name in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_NO_INDEX", indexes.ENV_VAR):
+        monkeypatch.delenv(name, raising=False)
+    config = tmp_path / "pip.conf"
+    config.write_text("")
+    monkeypatch.setenv("PIP_CONFIG_FILE", str(config))
+    indexes.set_override(None)
+    yield
+    indexes.set_override(None)
+
+
+def _release_archive(tmp_path: Path, version: str) -> Path:
+    tree = write_upstream(tmp_path / "src" / f"vllm-{version}")
+    archive = tmp_path / f"vllm-{version}.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(tree, arcname=f"vllm-{version}")
+    return archive
+
+
+def _file_index(root: Path, archive: Path) -> str:
+    """A PEP 503 index in a directory, as `pip download -d` plus a static page generator make."""
+    (root / "files").mkdir(parents=True)
+    target = root / "files" / archive.name
+    target.write_bytes(archive.read_bytes())
+    digest = hashlib.sha256(target.read_bytes()).hexdigest()
+    page = root / "simple" / "vllm" / "index.html"
+    page.parent.mkdir(parents=True)
+    link = f'<a href="../../files/{archive.name}#sha256={digest}">{archive.name}</a>'
+    page.write_text(f"<html><body>{link}</body></html>")
+    return (root / "simple").as_uri()
+
+
+def test_pip_configuration_decides_the_indexes(monkeypatch, tmp_path):
+    (tmp_path / "pip.conf").write_text(
+        "[global]\nindex-url = http://127.0.0.1:9/primary\nextra-index-url = file:///srv/extra/simple\n"
+    )
+    assert indexes.configured() == ["http://127.0.0.1:9/primary", "file:///srv/extra/simple"]
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/from-env/")
+    assert indexes.configured()[0] == "http://127.0.0.1:9/from-env"  # pip's own precedence: env over file
+    indexes.set_override("http://127.0.0.1:9/override/")
+    assert indexes.configured() == ["http://127.0.0.1:9/override"]  # --index-url: that index only
+
+
+def test_configured_file_index_serves_the_release(monkeypatch, tmp_path, store_env):
+    archive = _release_archive(tmp_path, "9.9.8")
+    monkeypatch.setenv("PIP_INDEX_URL", _file_index(tmp_path / "index", archive))
+    entry = sources.sdist_of("vllm", "9.9.8")
+    assert entry.sha256 == hashlib.sha256(archive.read_bytes()).hexdigest()
+    upstream = sources.obtain("9.9.8", lock.load(REPO_ROOT / "upstream.lock"), Store())
+    assert upstream.kind == "release" and upstream.sha256 == entry.sha256
+    assert upstream.origin == entry.url and entry.url.startswith("file:")
+
+
+class _JsonIndex(http.server.BaseHTTPRequestHandler):
+    def __init__(self, *args, archive: Path, **kwargs):
+        self.archive = archive
+        super().__init__(*args, **kwargs)
+
+    def do_GET(self):
+        if self.path == "/simple/vllm/":
+            body = json.dumps(
+                {
+                    "meta": {"api-version": "1.0"},
+                    "name": "vllm",
+                    "files": [
+                        {
+                            "filename": self.archive.name,
+                            "url": f"/files/{self.archive.name}",
+                            "hashes": {"sha256": hashlib.sha256(self.archive.read_bytes()).hexdigest()},
+                            "upload-time": "2026-11-02T10:00:00Z",
+                        }
+                    ],
+                }
+            ).encode()
+            content_type = indexes.JSON_TYPE
+        elif self.path == f"/files/{self.archive.name}":
+            body, content_type = self.archive.read_bytes(), "application/octet-stream"
+        else:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_override_index_over_http_json(tmp_path, store_env):
+    archive = _release_archive(tmp_path, "9.9.7")
+    server = http.server.HTTPServer(("127.0.0.1", 0), functools.partial(_JsonIndex, archive=archive))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        indexes.set_override(f"http://127.0.0.1:{server.server_port}/simple")
+        assert sources.release_dates("vllm") == {"9.9.7": dt.date(2026, 11, 2)}
+        upstream = sources.obtain("9.9.7", lock.load(REPO_ROOT / "upstream.lock"), Store())
+        assert upstream.origin == f"http://127.0.0.1:{server.server_port}/files/{archive.name}"
+    finally:
+        server.shutdown()
+
+
+def test_unreadable_index_is_a_clear_error(tmp_path):
+    indexes.set_override("http://127.0.0.1:9/simple")  # port 9 (discard): connection refused
+    with pytest.raises(
+        sources.SourceError, match=re.escape("cannot read the package index at http://127.0.0.1:9/simple/vllm/")
+    ):
+        sources.release_files("vllm", "0.33.0")

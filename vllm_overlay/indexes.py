@@ -1,0 +1,195 @@
+"""The package indexes the tool reads releases from: pip's own configuration, never a built-in host.
+
+A team behind a corporate mirror has already told pip where its index is (``PIP_INDEX_URL``,
+``pip.conf``, ``--extra-index-url`` lines); the tool asks pip's own option parser for the same
+answer pip install would use, so the two never disagree. ``--index-url`` on the commands that
+download (or ``$VLLM_OVERLAY_INDEX_URL``) overrides it and disables the extra indexes.
+
+Indexes are read through the simple repository API: the JSON form (PEP 691) where the server
+offers it, the HTML form (PEP 503) otherwise, which is what a directory of files served over
+``file://`` or a plain web server gives. Every file keeps the sha256 its index states.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from html.parser import HTMLParser
+from pathlib import Path
+
+from packaging.utils import canonicalize_name
+
+ENV_VAR = "VLLM_OVERLAY_INDEX_URL"
+JSON_TYPE = "application/vnd.pypi.simple.v1+json"
+ACCEPT = f"{JSON_TYPE}, application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.01"
+
+_override: str | None = None
+
+
+class IndexReadError(RuntimeError):
+    """No configured index could be read."""
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    """One file as an index lists it."""
+
+    filename: str
+    url: str
+    sha256: str
+    size: int | None
+    upload_time: str | None
+
+
+def set_override(url: str | None) -> None:
+    """Use this index only (the commands' ``--index-url``)."""
+    global _override
+    _override = url.rstrip("/") if url else None
+
+
+def configured() -> list[str]:
+    """The indexes to read, first one first: the override, else pip's index and extra indexes."""
+    override = _override or os.environ.get(ENV_VAR)
+    if override:
+        return [override.rstrip("/")]
+    return [url.rstrip("/") for url in _pip_indexes()]
+
+
+def _pip_indexes() -> list[str]:
+    # pip's option parser merges PIP_* variables, every pip.conf and pip's default index exactly
+    # as `pip download` would; its internal module is the only API pip offers for that.
+    from pip._internal.commands import create_command
+
+    options, _ = create_command("download").parse_args([])
+    urls = [options.index_url] if not options.no_index else []
+    return [*urls, *options.extra_index_urls]
+
+
+def project_files(project: str) -> list[IndexEntry]:
+    """Every file any configured index lists for a project (the first index wins on a name)."""
+    seen: dict[str, IndexEntry] = {}
+    errors: list[str] = []
+    indexes = configured()
+    for index in indexes:
+        try:
+            entries = _read_project_page(index, project)
+        except IndexReadError as exc:
+            errors.append(str(exc))
+            continue
+        for entry in entries:
+            seen.setdefault(entry.filename, entry)
+    if not seen and errors and len(errors) == len(indexes):
+        raise IndexReadError("; ".join(errors))
+    return list(seen.values())
+
+
+def _read_project_page(index: str, project: str) -> list[IndexEntry]:
+    url = f"{index}/{canonicalize_name(project)}/"
+    if url.startswith("file:"):
+        return _read_file_page(url)
+    request = urllib.request.Request(url, headers={"Accept": ACCEPT})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            body = response.read()
+            content_type = response.headers.get_content_type()
+            final_url = response.geturl()
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return []
+        raise IndexReadError(f"cannot read the package index at {url}: {exc}") from exc
+    except (urllib.error.URLError, TimeoutError) as exc:
+        raise IndexReadError(f"cannot read the package index at {url}: {exc}") from exc
+    if content_type == JSON_TYPE:
+        return _parse_json(body, final_url, url)
+    return _parse_html(body.decode("utf-8", errors="replace"), final_url)
+
+
+def _read_file_page(url: str) -> list[IndexEntry]:
+    path = Path(urllib.request.url2pathname(urllib.parse.urlparse(url).path))
+    page = path / "index.html"
+    if not page.is_file():
+        return []
+    return _parse_html(page.read_text(encoding="utf-8", errors="replace"), page.as_uri())
+
+
+def _parse_json(body: bytes, base: str, url: str) -> list[IndexEntry]:
+    try:
+        data = json.loads(body)
+    except json.JSONDecodeError as exc:
+        raise IndexReadError(f"the package index at {url} sent malformed JSON: {exc}") from exc
+    return [
+        IndexEntry(
+            filename=item["filename"],
+            url=urllib.parse.urljoin(base, item["url"]),
+            sha256=item.get("hashes", {}).get("sha256", ""),
+            size=item.get("size"),
+            upload_time=item.get("upload-time"),
+        )
+        for item in data.get("files", [])
+    ]
+
+
+class _Links(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.hrefs: list[tuple[str, str]] = []
+        self._href: str | None = None
+        self._text: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "a":
+            self._href = dict(attrs).get("href")
+            self._text = []
+
+    def handle_data(self, data: str) -> None:
+        if self._href is not None:
+            self._text.append(data)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "a" and self._href is not None:
+            self.hrefs.append((self._href, "".join(self._text).strip()))
+            self._href = None
+
+
+def _parse_html(text: str, base: str) -> list[IndexEntry]:
+    links = _Links()
+    links.feed(text)
+    entries = []
+    for href, label in links.hrefs:
+        absolute = urllib.parse.urljoin(base, href)
+        parsed = urllib.parse.urlparse(absolute)
+        match = re.search(r"(?:^|&)sha256=([0-9a-fA-F]{64})", parsed.fragment)
+        filename = label or urllib.parse.unquote(parsed.path.rsplit("/", 1)[-1])
+        entries.append(
+            IndexEntry(
+                filename=filename,
+                url=parsed._replace(fragment="").geturl(),
+                sha256=match.group(1).lower() if match else "",
+                size=None,
+                upload_time=None,
+            )
+        )
+    return entries
+
+
+def add_argument(parser: argparse.ArgumentParser) -> None:
+    """``--index-url`` for the commands that download releases (cli.main applies it)."""
+    parser.add_argument(
+        "--index-url",
+        default=None,
+        metavar="URL",
+        help=f"package index to read releases from, instead of pip's configured index and extra indexes "
+        f"(also ${ENV_VAR}); default: what pip's configuration names",
+    )
+
+
+def pip_arguments() -> list[str]:
+    """Arguments that make a pip install read the same index as the tool, when one was forced."""
+    override = _override or os.environ.get(ENV_VAR)
+    return ["--index-url", override] if override else []
