@@ -7,8 +7,10 @@ between 0.32.0 and 0.33.0 (helpers moved into the class), so its target changed;
 conflicts because the lines it replaces (`with set_current_vllm_config(vllm_config): return
 backend_cls.customize_spec(spec).page_size_bytes`) do not exist in 0.32.0's interface.py.
 0.30.0 adds dependency-API drift: it pins flashinfer-python 0.6.18.post1, whose B12xMoEWrapper
-takes none of shared_static_workspace / shared_dynamic_workspace / shared_output, so the
-workspace-reuse patch applies cleanly there and must still not be "keep". 0.31.0 and 0.32.0 pin
+takes none of shared_static_workspace / shared_dynamic_workspace / shared_output, which the
+workspace-reuse patch passes; the row names that whatever else it says (since route-sanitization
+round 2 touches b12x.py too, route-sanitization applies with offsets on these releases and
+workspace-reuse conflicts in flashinfer_b12x_moe.py). 0.31.0 and 0.32.0 pin
 0.7.0.post1, whose wrapper lacks only expert_map (refresh, not resolve). On every one of them the
 wrong-width patch merges while the n-gram patch that adds check_full_table_shape() does not: a
 broken merge ("resolve"). The round trip bumps the series to 0.32.0 and back. 0.29.0 has no
@@ -62,6 +64,8 @@ EXECUTOR = {
     "vllm.v1.executor.multiproc_executor:WorkerProc.enqueue_output",
 }
 OUTPUT_HANDLER = {"vllm.v1.engine.async_llm:AsyncLLM._run_output_handler"}
+B12X_INIT = {"vllm.model_executor.layers.fused_moe.b12x:B12xExperts.__init__"}
+B12X_MOE = "vllm/model_executor/layers/fused_moe/experts/flashinfer_b12x_moe.py"
 EXPECTED = {
     "0.30.0": {
         LOADER_FULL: ("conflict", "resolve", ENGRAM),
@@ -71,8 +75,8 @@ EXPECTED = {
             "refresh",
             {"vllm.model_executor.model_loader.base_loader:BaseModelLoader.load_model"},
         ),
-        ROUTES: ("clean", "refresh", set()),
-        WORKSPACE: ("clean", "refresh", set()),
+        ROUTES: ("offset", "refresh", B12X_INIT),
+        WORKSPACE: ("conflict", "resolve", set()),
         BYTES: ("conflict", "resolve", ALIGN),
         OFFLOAD: (
             "merged-3way",
@@ -87,8 +91,8 @@ EXPECTED = {
         LOADER_FULL: ("conflict", "resolve", ENGRAM),
         LOADER_WIDTH: ("merged-3way", "resolve", PLE_LOADER),
         LOADER_DRAFT: ("clean", "keep", set()),
-        ROUTES: ("clean", "refresh", set()),
-        WORKSPACE: ("clean", "refresh", set()),
+        ROUTES: ("offset", "refresh", set()),
+        WORKSPACE: ("conflict", "resolve", set()),
         BYTES: ("conflict", "resolve", ALIGN),
         OFFLOAD: ("offset", "refresh", OFFLOAD_INIT),
         FAILURE: ("conflict", "resolve", EXECUTOR),
@@ -103,8 +107,8 @@ EXPECTED = {
             "refresh",
             {"vllm.model_executor.model_loader.base_loader:BaseModelLoader.load_model"},
         ),
-        ROUTES: ("clean", "refresh", set()),
-        WORKSPACE: ("clean", "refresh", set()),
+        ROUTES: ("offset", "refresh", B12X_INIT),
+        WORKSPACE: ("conflict", "resolve", set()),
         BYTES: ("conflict", "resolve", ALIGN),
         OFFLOAD: ("offset", "refresh", OFFLOAD_INIT),
         FAILURE: ("conflict", "resolve", EXECUTOR),
@@ -122,10 +126,12 @@ RESOLVE_FILES = {
             "vllm/models/qwen4_exp/nvidia/ngram_embedding.py",
         },
         BYTES: {"vllm/platforms/interface.py"},
+        WORKSPACE: {B12X_MOE},
     },
     "0.30.0": {
         PROGRESS: {"vllm/v1/engine/async_llm.py"},
         BYTES: {"vllm/platforms/interface.py"},
+        WORKSPACE: {B12X_MOE},
     },
 }
 MERGE_FILES = {
