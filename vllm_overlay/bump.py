@@ -304,10 +304,20 @@ def _am(repo: git.Repo, *args: str) -> None:
         status, _out, _err = repo.git.am(*args, with_extended_output=True, with_exceptions=False)
         # rerere may have replayed a recorded resolution for every conflict (and staged it): then
         # nothing needs a person, and git am only waits to be told to go on.
+        stuck_at = None
         while (status != 0 or am_in_progress(repo)) and _replayed(repo):
+            current = _current_patch(repo)
+            if current == stuck_at:
+                break  # the replayed resolution did not let git am go on: a person must look
+            stuck_at = current
             status, _out, _err = repo.git.am("--continue", with_extended_output=True, with_exceptions=False)
     if status != 0 or am_in_progress(repo):
         raise BumpError(conflict_help(repo))
+
+
+def _current_patch(repo: git.Repo) -> str:
+    next_file = Path(repo.git_dir) / "rebase-apply" / "next"
+    return next_file.read_text().strip() if next_file.exists() else ""
 
 
 def _replayed(repo: git.Repo) -> bool:
