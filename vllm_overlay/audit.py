@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 
 import git
 
-from vllm_overlay import targets
+from vllm_overlay import dependencies, merges, targets
 from vllm_overlay.apply import PatchResult, Status
 from vllm_overlay.series import Patch
 
@@ -41,11 +41,21 @@ class AuditRow:
     last_update: str
     releases_since_update: int | None
     drift: list[str] = field(default_factory=list)
+    dependency_drift: list[str] = field(default_factory=list)
+    # conflict rows: files still conflicting in a 3-way merge (-> conflict start lines), files
+    # that merge, and every failing hunk (file, hunk, line, how it failed)
+    resolve_files: dict[str, list[int]] = field(default_factory=dict)
+    merge_files: list[str] = field(default_factory=list)
+    hunks: list[dict[str, object]] = field(default_factory=list)
+    unresolved_names: list[str] = field(default_factory=list)  # merged, but uses what the tree lacks
+    moved_targets: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    brief: str = field(default="", repr=False)  # the reason as the markdown table shows it
 
     def to_json(self) -> dict[str, object]:
         data = asdict(self)
         data["decision"] = str(self.decision)
+        data.pop("brief")
         return data
 
 
@@ -71,13 +81,69 @@ def releases_since(last_update: str, release_dates: Mapping[str, dt.date], up_to
     return sum(1 for day in release_dates.values() if day > since and (limit is None or day <= limit))
 
 
-def decide(result: PatchResult, drift: list[targets.TargetDrift]) -> tuple[Decision, str]:
+def dependency_verdict(deps: list[dependencies.DependencyDrift]) -> tuple[Decision, str] | None:
+    """The decision the dependency symbols force on an otherwise applying patch (None: nothing)."""
+    gone = [d for d in deps if d.drift is targets.Drift.REMOVED]
+    if gone:
+        return Decision.RESOLVE, "dependency symbol gone: " + "; ".join(str(d) for d in gone)
+    # Unchecked counts as changed: a keep that was never verified is the false keep to avoid.
+    changed = [d for d in deps if d.drift in (targets.Drift.CHANGED, targets.Drift.UNPARSABLE)]
+    if changed:
+        return Decision.REFRESH, "dependency API changed: " + "; ".join(str(d) for d in changed)
+    return None
+
+
+@dataclass
+class Findings:
+    """What the audit found beyond the apply status (see vllm_overlay.merges)."""
+
+    conflict: merges.ConflictReport | None = None
+    unresolved: list[str] = field(default_factory=list)
+    moved: list[str] = field(default_factory=list)
+
+
+MARKDOWN_HUNKS = 3
+
+
+def decide(
+    result: PatchResult,
+    drift: list[targets.TargetDrift],
+    deps: list[dependencies.DependencyDrift] | None = None,
+    findings: Findings | None = None,
+    limit: int | None = None,
+) -> tuple[Decision, str]:
+    """The row's decision and reason (``limit``: name at most that many failing hunks, "and N more")."""
+    decision, reason = _decide_upstream(result, drift, findings or Findings(), limit)
+    verdict = dependency_verdict(deps or [])
+    if verdict is None or decision in (Decision.DROP,):
+        return decision, reason
+    if decision is Decision.KEEP:
+        return verdict
+    worst = Decision.RESOLVE if Decision.RESOLVE in (decision, verdict[0]) else decision
+    return worst, f"{reason}; {verdict[1]}"
+
+
+def _decide_upstream(
+    result: PatchResult, drift: list[targets.TargetDrift], findings: Findings, limit: int | None = None
+) -> tuple[Decision, str]:
     drifted = [d for d in drift if d.drift in DRIFTING]
     if result.status is Status.ALREADY_UPSTREAM:
         return Decision.DROP, "upstream already carries the change (the patch reverse-applies)"
+    if result.status is Status.CONFLICT and findings.conflict is not None:
+        return Decision.RESOLVE, f"{result.status}: {merges.summary(findings.conflict, limit)}"
     if result.status in (Status.CONFLICT, Status.TARGET_MISSING):
-        where = "; ".join(str(h) for h in result.hunks[:3]) or result.detail
+        notes = result.hunks if limit is None else result.hunks[:limit]
+        where = "; ".join(str(h) for h in notes) or result.detail
+        if len(notes) < len(result.hunks):
+            where += f"; and {len(result.hunks) - len(notes)} more"
+        if findings.moved:
+            where += "; " + "; ".join(findings.moved)
         return Decision.RESOLVE, f"{result.status}: {where}"
+    if findings.unresolved:
+        return Decision.RESOLVE, (
+            f"applies as {result.status}, but the merged code uses names the new tree does not define "
+            "(an earlier patch that did not apply may define them): " + "; ".join(findings.unresolved)
+        )
     if result.status in (Status.OFFSET, Status.FUZZ, Status.MERGED_3WAY):
         extra = f"; target changed: {', '.join(d.target for d in drifted)}" if drifted else ""
         return Decision.REFRESH, f"applies as {result.status}: re-export against the new upstream{extra}"
@@ -93,8 +159,12 @@ def audit_row(
     release_dates: Mapping[str, dt.date],
     new_version: str | None,
     max_age_releases: int,
+    deps: list[dependencies.DependencyDrift] | None = None,
+    findings: Findings | None = None,
 ) -> AuditRow:
-    decision, reason = decide(result, drift)
+    findings = findings or Findings()
+    decision, reason = decide(result, drift, deps, findings)
+    brief = decide(result, drift, deps, findings, limit=MARKDOWN_HUNKS)[1]
     last_update = patch.value("Last-Update") or ""
     age = releases_since(last_update, release_dates, new_version) if release_dates else None
     warnings: list[str] = []
@@ -104,6 +174,11 @@ def audit_row(
     if age is not None and age > max_age_releases:
         warnings.append(f"Last-Update {last_update} is {age} upstream releases old (limit {max_age_releases})")
     warnings.extend(f"target changed: {d}" for d in drift if d.drift in DRIFTING and result.accepted)
+    warnings.extend(
+        f"Dependency-Targets {d.target} is not in the locked pin: {d}"
+        for d in deps or []
+        if d.drift in (targets.Drift.ABSENT, targets.Drift.APPEARED)
+    )
     return AuditRow(
         patch=patch.name,
         series=patch.series,
@@ -115,7 +190,18 @@ def audit_row(
         last_update=last_update,
         releases_since_update=age,
         drift=[str(d) for d in drift],
+        dependency_drift=[str(d) for d in deps or []],
+        resolve_files=dict(findings.conflict.resolve) if findings.conflict else {},
+        merge_files=list(findings.conflict.merge) if findings.conflict else [],
+        hunks=[
+            {"file": h.file, "hunk": h.hunk, "line": h.line, "how": h.how}
+            for h in (findings.conflict.hunks if findings.conflict else [])
+        ]
+        or [{"file": n.file, "hunk": n.hunk, "line": n.recorded_line, "how": n.note} for n in result.hunks],
+        unresolved_names=list(findings.unresolved),
+        moved_targets=list(findings.moved),
         warnings=warnings,
+        brief=brief,
     )
 
 
@@ -140,7 +226,7 @@ def markdown(rows: list[AuditRow], old: str, new: str) -> str:
                     row.patch,
                     row.status,
                     f"**{row.decision}**",
-                    row.reason,
+                    row.brief or row.reason,
                     row.forwarded,
                     row.applied_upstream or "-",
                     row.last_update + age,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from vllm_overlay import paths
+from vllm_overlay import dependencies, lock, paths
 from vllm_overlay.series import (
     ONE_OF_FIELDS,
     REQUIRED_FIELDS,
@@ -26,6 +26,10 @@ def lint(repo_root: Path, patches_dir: Path, tree: Path | None = None) -> list[s
         return [str(exc)]
     if not entries:
         problems.append(f"patches/{SERIES_FILE}: series is empty: it lists no patch")
+    try:
+        pins: dict[str, str] | None = lock.load(repo_root / lock.LOCK_NAME).pins
+    except lock.LockError:
+        pins = None  # no lock to check Dependency-Targets distributions against
     counts = Counter(entry.path for entry in entries)
     for name, count in counts.items():
         if count > 1:
@@ -63,5 +67,6 @@ def lint(repo_root: Path, patches_dir: Path, tree: Path | None = None) -> list[s
             module, sep, qualname = target.partition(":")
             if not sep or not module or not qualname:
                 problems.append(f"{where}: Targets {target!r} is not MODULE:QUALNAME")
+        problems.extend(f"{where}: {problem}" for problem in dependencies.lint_problems(patch, pins))
         problems.extend(f"{where}: {problem}" for problem in paths.problems(patch, tree))
     return problems

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 import tempfile
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import git
 
-from vllm_overlay import apply, audit, sources, targets
+from vllm_overlay import apply, audit, dependencies, merges, sources, targets
 from vllm_overlay.lock import Lock
 from vllm_overlay.series import Patch
 from vllm_overlay.store import Store
@@ -26,15 +28,108 @@ def drift_by_patch(store: Store, old: sources.Upstream, new: sources.Upstream, p
     return {patch.name: targets.compare_all(patch.targets, read_old, read_new) for patch in patches}
 
 
+def dependency_drift(
+    store: Store, old: sources.Upstream, new: sources.Upstream, patches: list[Patch], lock: Lock
+) -> dict[str, list[dependencies.DependencyDrift]]:
+    """Each patch's Dependency-Targets compared between the pins each release's metadata states."""
+    repo = git.Repo(store.upstreams_git)
+    locked = {dependencies.normalize(k): v for k, v in lock.pins.items()}
+
+    def pins(upstream: sources.Upstream) -> dict[str, str]:
+        if upstream.kind == "locked":  # what the lock pins is what the series was tested with
+            return locked
+        return dependencies.release_pins(audit.store_reader(repo, upstream.commit))
+
+    old_pins, new_pins = pins(old), pins(new)
+    return dependencies.drift_by_patch(patches, old_pins, new_pins, store)
+
+
+def findings(
+    store: Store,
+    old: sources.Upstream,
+    new: sources.Upstream,
+    patches: list[Patch],
+    report: apply.Report,
+    old_report: apply.Report,
+    old_dir: Path,
+    new_dir: Path,
+) -> dict[str, audit.Findings]:
+    """Conflicting vs merging files, broken merges and moved targets, patch by patch."""
+    repo = git.Repo(new_dir)
+    old_repo = git.Repo(old_dir) if (old_dir / ".git").exists() else None
+    store_repo = git.Repo(store.upstreams_git)
+    read_new = audit.store_reader(store_repo, new.commit)
+    read_old = audit.store_reader(store_repo, old.commit)
+    base = repo.git.rev_parse(new.commit)
+    found: dict[str, audit.Findings] = {}
+    for patch in patches:
+        result = report.result_for(patch.name)
+        item = audit.Findings()
+        if result is None:
+            found[patch.name] = item
+            continue
+        if result.status is apply.Status.CONFLICT:
+            item.conflict = merges.conflict_report(repo, base, patch, result)
+        elif result.status is apply.Status.TARGET_MISSING:
+            item.moved = merges.moved_targets(repo, new.commit, patch, read_new, read_old)
+        elif merges.is_accepted_merge(result):
+            old_result = old_report.result_for(patch.name)
+            old_read = (
+                audit.store_reader(old_repo, old_result.commit)
+                if old_repo is not None and old_result is not None and old_result.commit
+                else None
+            )
+            assert result.commit is not None
+            item.unresolved = merges.unresolved_names(repo, result.commit, old_read, patch.touched_files)
+        if result.accepted and result.commit:
+            base = result.commit
+        found[patch.name] = item
+    return found
+
+
+RANGE_DIFF_ROW_RE = re.compile(r"^\s*(\d+|-):\s+([0-9a-f]+|-+)\s+([<>=!])\s+(\d+|-):\s+([0-9a-f]+|-+)\s")
+
+
+def _changes(repo: git.Repo, commit: str) -> list[str]:
+    """A commit's changed lines per file, without positions or context: what it changes, not where."""
+    diff = repo.git.show("--format=", "--no-color", "--unified=0", commit, strip_newline_in_stdout=False)
+    return [
+        line
+        for line in diff.splitlines()
+        if line.startswith(("+", "-", "diff --git")) and not line.startswith(("+++", "---"))
+    ]
+
+
 def range_diff(old_repo: Path, new_repo: Path) -> str:
-    """``git range-diff`` of the series as applied on the old and on the new upstream."""
+    """``git range-diff`` of the series as applied on the old and on the new upstream.
+
+    Annotated: a commit that did not apply on the new base (``<``) is followed by its patch as
+    it was on the old base, and a changed pair (``!``) whose changed lines are the same on both
+    bases is marked "context only" (only surrounding lines or positions differ).
+    """
     new = git.Repo(new_repo)
     new.git.fetch("--quiet", "--no-tags", str(old_repo), "+HEAD:refs/vllm-overlay/old-series")
     old_base = git.Repo(old_repo).git.config("--get", apply.CONFIG_UPSTREAM)
     new_base = new.git.config("--get", apply.CONFIG_UPSTREAM)
-    return new.git.range_diff(
+    plain = new.git.range_diff(
         "--no-color", f"{old_base}..refs/vllm-overlay/old-series", f"{new_base}..HEAD", strip_newline_in_stdout=False
     )
+    lines: list[str] = []
+    for line in plain.splitlines():
+        row = RANGE_DIFF_ROW_RE.match(line)
+        if row is None:
+            lines.append(line)
+            continue
+        _, old_sha, mark, _, new_sha = row.groups()
+        if mark == "!" and _changes(new, old_sha) == _changes(new, new_sha):
+            lines.append(f"{line}    [context only]")
+            continue
+        lines.append(line)
+        if mark == "<":
+            lines.append("    did not apply on the new base; as on the old base:")
+            patch = new.git.show("--format=", "--no-color", "--stat", "-p", old_sha, strip_newline_in_stdout=False)
+            lines += [f"    {text}".rstrip() for text in patch.splitlines()]
+    return "\n".join(lines) + "\n"
 
 
 @dataclass
@@ -44,6 +139,18 @@ class AuditResult:
     report: apply.Report
     rows: list[audit.AuditRow]
     range_diff: str
+    seconds: dict[str, float] = field(default_factory=dict)  # wall time per phase
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._last = time.monotonic()
+
+    def lap(self, phase: str) -> None:
+        now = time.monotonic()
+        self.seconds[phase] = round(now - self._last, 2)
+        self._last = now
 
 
 def run_audit(
@@ -57,13 +164,16 @@ def run_audit(
     old_spec: str | None = None,
 ) -> AuditResult:
     """Apply the series to the old upstream (default: the lock) and to the new one (3-way allowed)."""
+    clock = _Clock()
     old = sources.obtain(old_spec, lock, store)
     new = sources.obtain(spec, lock, store)
+    clock.lap("obtain upstreams")
     with tempfile.TemporaryDirectory(prefix="vllm-overlay-audit-") as tmp:
         old_dir, new_dir = Path(tmp) / "old", Path(tmp) / "new"
-        apply.apply_series(
+        old_report = apply.apply_series(
             patches, old, lambda d: sources.checkout(store, old, d), old_dir, apply.Options(), publish_partial=True
         )
+        clock.lap("apply on the old upstream")
         report = apply.apply_series(
             patches,
             new,
@@ -74,13 +184,31 @@ def run_audit(
             publish_partial=True,
             seed_base=lambda: old.commit,
         )
+        clock.lap("apply on the new upstream")
         drift = drift_by_patch(store, old, new, patches)
+        clock.lap("target drift")
+        deps = dependency_drift(store, old, new, patches, lock)
+        clock.lap("dependency drift")
+        found = findings(store, old, new, patches, report, old_report, old_dir, new_dir)
+        clock.lap("conflicts, broken merges, moved targets")
         rows = []
         for patch in patches:
             result = report.result_for(patch.name)
             assert result is not None  # apply_series reports every patch it was given
             rows.append(
-                audit.audit_row(patch, result, drift[patch.name], release_dates or {}, new.version, max_age_releases)
+                audit.audit_row(
+                    patch,
+                    result,
+                    drift[patch.name],
+                    release_dates or {},
+                    new.version,
+                    max_age_releases,
+                    deps[patch.name],
+                    found[patch.name],
+                )
             )
         diff = range_diff(old_dir, new_dir)
-    return AuditResult(old, new, report, rows, diff)
+        clock.lap("range-diff")
+    clock.lap("remove the scratch trees")
+    clock.seconds["total"] = round(sum(clock.seconds.values()), 2)
+    return AuditResult(old, new, report, rows, diff, clock.seconds)

@@ -13,6 +13,13 @@ plus what the DEP-3 Forwarded / Applied-Upstream headers say, and a warning for 
 Last-Update is older than --max-age-releases upstream releases. Also writes the git range-diff
 of the series between the two upstreams.
 
+A conflict row names the files still conflicting in a 3-way merge (to resolve) apart from the
+files that merge, and (JSON) every failing hunk. A clean or merged row whose changed functions
+use names the new tree lacks is "resolve" (a broken merge). A patch's Dependency-Targets are
+compared between the dependency versions each release pins (sources from the package index,
+cached): a changed symbol makes the row "refresh", a missing one "resolve". The time each phase
+took is printed last (and is "seconds" in the JSON).
+
 Exit codes: 0 every row is keep; 1 some patch needs refresh, drop or resolve; 2 usage/input error.
 """
 
@@ -72,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
                 "old": result.old.to_json(),
                 "new": result.new.to_json(),
                 "rows": [row.to_json() for row in result.rows],
+                "seconds": result.seconds,
             },
             args.json,
         )
@@ -81,4 +89,5 @@ def run(args: argparse.Namespace) -> int:
     else:
         output.info("range-diff (old series vs the series on the new upstream):")
         output.result(result.range_diff)
+    output.info("audit took " + ", ".join(f"{phase} {sec:.1f} s" for phase, sec in result.seconds.items()))
     return 0 if all(row.decision is Decision.KEEP for row in result.rows) else 1

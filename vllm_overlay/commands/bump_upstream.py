@@ -2,14 +2,20 @@
 
     scripts/bump 0.34.0          apply the series with git am --3way into build/bump
     scripts/bump --continue      after resolving a conflict there (git add the files)
-    scripts/bump --abort         give up; patches/ and upstream.lock were not touched
+    scripts/bump --abort         give up; restores patches/ and upstream.lock if the bump changed them
 
-When every patch is in, the refreshed series is exported to patches/ and upstream.lock is
-rewritten from the release (sdist and wheel sha256s from the index, the commit id the release
-records, its torch and flashinfer pins) in one step; then test-patches runs against the new
-lock (skip with --no-test). Run audit-upstream first to see what to expect.
+--continue refuses while a changed file still holds conflict markers, and names them. A release
+older than the lock needs --allow-downgrade. Resolutions are recorded (git rerere, kept in
+build/bump-rr-cache), so a second bump over the same conflicts stops only where something new
+needs a person. When every patch is in, patches/ and upstream.lock are saved in the bump
+repository, the refreshed series is exported and upstream.lock rewritten from the release
+(sdist and wheel sha256s from the index, the commit id the release records, its torch and
+flashinfer pins); then test-patches runs against the new lock, and if it fails both are
+restored (skip the run with --no-test). Until the new files are committed, --abort restores
+them. Run audit-upstream first to see what to expect.
 
-Exit codes: 0 bumped (and tests passed); 1 stopped at a conflict or tests failed; 2 usage/input error.
+Exit codes: 0 bumped (and tests passed); 1 stopped at a conflict, refused, or tests failed (patches/
+and upstream.lock restored); 2 usage/input error.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--abort", action="store_true", help="abandon the bump in progress")
     parser.add_argument("--repo", type=Path, default=None, help="working repository (default: build/bump)")
     parser.add_argument("--no-test", action="store_true", help="do not run test-patches after re-locking")
+    parser.add_argument("--allow-downgrade", action="store_true", help="allow a release older than the locked one")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,8 +47,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         if args.abort:
-            bump.abort(repo_dir)
-            output.info(f"bump abandoned; {repo_dir} removed")
+            for line in bump.abort(repo_dir, proj.patches, proj.lock_file):
+                output.info(line)
             return 0
         the_lock = lock.load(proj.lock_file)
         if args.resume:
@@ -51,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
             if upstream.kind not in ("release", "locked"):
                 output.error("bump needs a published release number; use audit-upstream for directories and git")
                 return 2
+            bump.check_direction(the_lock.version, upstream.version or args.version, args.allow_downgrade)
             patches = series.load_series(proj.patches)
             output.info(f"applying {len(patches)} patches onto {upstream.label} with git am --3way in {repo_dir}")
             locked = sources.obtain(None, the_lock, store)
@@ -58,19 +66,27 @@ def run(args: argparse.Namespace) -> int:
         state = bump.BumpState.load(repo_dir)
         upstream = sources.Upstream(**state.upstream)  # type: ignore[arg-type]
         relocked = bump.new_lock(the_lock, upstream, store)
-        changed = bump.finish(repo_dir, proj.patches)
-        lock.write(relocked, proj.lock_file)
+        changed = bump.install(repo_dir, proj.patches, proj.lock_file, relocked)
     except bump.BumpError as exc:
         output.error(str(exc))
         return 1
     except (lock.LockError, series.SeriesError, sources.SourceError) as exc:
         output.error(str(exc))
         return 2
-    output.result(f"series refreshed onto {relocked.version}: {len(changed)} file(s) in patches/ changed")
+    output.result(f"series refreshed onto {relocked.version}: {len(changed)} file(s) changed: {', '.join(changed)}")
     output.result(f"upstream.lock now pins {relocked.project} {relocked.version} (commit {relocked.commit})")
+    output.result("until they are committed, `scripts/bump --abort` restores patches/ and upstream.lock")
     if args.no_test:
         return 0
     if "test-patches" not in cli.VERBS:
         output.warn("test-patches is not available; run the per-patch tests yourself")
         return 0
-    return cli.main(["test-patches", "--project", str(proj.root)])
+    code = cli.main(["test-patches", "--project", str(proj.root)])
+    if code != 0:
+        restored = bump.restore(repo_dir, proj.patches, proj.lock_file)
+        output.error(
+            f"test-patches failed (exit {code}): restored {len(restored)} file(s) of patches/ and upstream.lock; "
+            f"the refreshed series stays in {repo_dir} (fix it there, then scripts/bump --continue, or --abort)"
+        )
+        return 1
+    return 0

@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--env-python",
         action="store_true",
         help="print the interpreter of this lock's test environment (verified pristine; built if missing), "
-        "for running tests that import the real vllm: \"$(scripts/cache --env-python)\" -m pytest ...",
+        'for running tests that import the real vllm: "$(scripts/cache --env-python)" -m pytest ...',
     )
 
 

@@ -1,0 +1,153 @@
+"""bump is safe at every step: markers refuse --continue, downgrades need a flag, patches/ and
+upstream.lock change only on success and --abort restores them, recorded resolutions are reused."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import git
+import pytest
+
+from tests.tool.conftest import REPO_ROOT, replace_line, write_upstream
+from tests.tool.test_apply import change_line_20
+from vllm_overlay import bump, cli, lock, series, sources
+from vllm_overlay.commands import bump_upstream
+from vllm_overlay.store import Store
+
+
+def snapshot(project):
+    files = {p.relative_to(project).as_posix(): p.read_bytes() for p in (project / "patches").rglob("*") if p.is_file()}
+    files["upstream.lock"] = (project / "upstream.lock").read_bytes()
+    return files
+
+
+@pytest.fixture
+def conflicting(project, make_patch, tmp_path, store_env):
+    """A two-patch series and a new upstream on which the second patch conflicts."""
+    old = write_upstream(tmp_path / "old")
+    make_patch(old, change_line_20, "change 20")
+    make_patch(old, lambda t: replace_line(t / "vllm" / "core.py", "line_5 = 5\n", "line_5 = 50\n"), "change 5")
+    new = write_upstream(tmp_path / "new")
+    replace_line(new / "vllm" / "core.py", "line_5 = 5\n", "line_5 = 5  # upstream\n")
+    the_lock = lock.load(project / "upstream.lock")
+    store = Store()
+    return store, sources.obtain(str(old), the_lock, store), sources.obtain(str(new), the_lock, store)
+
+
+def resolve_by_hand(repo_dir):
+    core = repo_dir / "vllm" / "core.py"
+    text = core.read_text()
+    resolved = text.split("<<<<<<<")[0] + "line_5 = 50  # upstream\n" + text.split(">>>>>>>")[1].split("\n", 1)[1]
+    core.write_text(resolved)
+    git.Repo(repo_dir).git.add("vllm/core.py")
+
+
+def test_continue_refuses_markers_and_resolutions_are_reused(project, conflicting, tmp_path):
+    store, old_up, new_up = conflicting
+    repo_dir = tmp_path / "build" / "bump"
+    patches = series.load_series(project / "patches")
+    with pytest.raises(bump.BumpError):
+        bump.start(patches, new_up, store, repo_dir, "new", seed_base=old_up.commit)
+    git.Repo(repo_dir).git.add("vllm/core.py")  # marked resolved, but the markers are still there
+    with pytest.raises(bump.BumpError) as refused:
+        bump.resume(repo_dir)
+    assert f"{repo_dir}/vllm/core.py:5" in str(refused.value) and "conflict markers" in str(refused.value)
+    resolve_by_hand(repo_dir)
+    bump.resume(repo_dir)
+    first = (repo_dir / "vllm" / "core.py").read_text()
+    assert "line_5 = 50  # upstream" in first
+    bump.abort(repo_dir)
+    assert bump.rr_cache_dir(repo_dir).is_dir()
+    # The second bump over the same conflict replays the recorded resolution: no stop, same result.
+    bump.start(patches, new_up, store, repo_dir, "new", seed_base=old_up.commit)
+    assert (repo_dir / "vllm" / "core.py").read_text() == first
+    assert not bump.am_in_progress(git.Repo(repo_dir))
+
+
+def test_downgrade_needs_the_flag():
+    with pytest.raises(bump.BumpError, match="downgrade needs --allow-downgrade"):
+        bump.check_direction("0.33.0", "0.32.0", allow_downgrade=False)
+    bump.check_direction("0.33.0", "0.32.0", allow_downgrade=True)
+    bump.check_direction("0.33.0", "0.33.1", allow_downgrade=False)
+    bump.check_direction("0.33.0rc1", "0.33.0", allow_downgrade=False)
+
+
+@pytest.fixture
+def command(project, conflicting, monkeypatch):
+    """scripts/bump on the synthetic upstream: the release and its lock stand in for the index."""
+    _store, old_up, new_up = conflicting
+    the_lock = lock.load(project / "upstream.lock")
+    release = dataclasses.replace(new_up, kind="release", version="0.34.0")
+    monkeypatch.setattr(sources, "obtain", lambda spec, lk, st: old_up if spec is None else release)
+    relocked = dataclasses.replace(the_lock, version="0.34.0", sdist=lock.Artifact("vllm-0.34.0.tar.gz", "d" * 64))
+    monkeypatch.setattr(bump, "new_lock", lambda old, upstream, st: relocked)
+    tests_pass = {"value": True}
+    real_main = cli.main
+
+    def main(argv):
+        if argv[0] == "test-patches":
+            return 0 if tests_pass["value"] else 1
+        return real_main(argv)
+
+    monkeypatch.setattr(cli, "main", main)
+    monkeypatch.setattr(bump_upstream.cli, "main", main)
+
+    def run(*args):
+        return real_main(["bump", "--project", str(project), *args])
+
+    return run, tests_pass
+
+
+def test_failed_tests_and_abort_restore_patches_and_lock(project, command, capsys):
+    run, tests_pass = command
+    before = snapshot(project)
+    assert run("0.34.0") == 1  # stopped at the conflict: nothing of the project touched
+    assert snapshot(project) == before
+    repo_dir = project / "build" / "bump"
+    resolve_by_hand(repo_dir)
+    tests_pass["value"] = False
+    assert run("--continue") == 1
+    assert snapshot(project) == before  # tests failed: both restored
+    assert "test-patches failed" in capsys.readouterr().err
+    tests_pass["value"] = True
+    assert run("--continue") == 0
+    after = snapshot(project)
+    assert after != before and 'version = "0.34.0"' in after["upstream.lock"].decode()
+    assert "line_5 = 50  # upstream" in after["patches/demo/change-5.patch"].decode()
+    capsys.readouterr()
+    assert run("--abort") == 0
+    assert snapshot(project) == before
+    said = capsys.readouterr().err
+    differing = sorted(name for name in set(before) | set(after) if before.get(name) != after.get(name))
+    assert "upstream.lock" in differing and "patches/demo/change-5.patch" in differing
+    assert f"restored {len(differing)} file(s) to what they were before the bump: {', '.join(differing)}" in said
+
+
+def test_abort_leaves_a_committed_bump_alone(project, command, capsys):
+    run, _ = command
+    before = snapshot(project)
+    assert run("0.34.0") == 1
+    resolve_by_hand(project / "build" / "bump")
+    assert run("--continue", "--no-test") == 0
+    repo = git.Repo.init(project)
+    repo.git.add("patches", "upstream.lock")
+    repo.git.commit("-qm", "bump", env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t.invalid",
+                                         "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t.invalid"})  # fmt: skip
+    committed = snapshot(project)
+    assert committed != before
+    capsys.readouterr()
+    assert run("--abort") == 0
+    assert snapshot(project) == committed
+    assert "committed: left as they are" in capsys.readouterr().err
+
+
+def test_a_downgrade_is_refused_by_the_command(project, command, monkeypatch, capsys):
+    run, _ = command
+    relocked = lock.load(REPO_ROOT / "upstream.lock")
+    assert relocked.version == "0.33.0"
+    real = sources.obtain
+    monkeypatch.setattr(
+        sources, "obtain", lambda spec, lk, st: dataclasses.replace(real(spec, lk, st), version="0.1.0")
+    )
+    assert run("0.1.0") == 1
+    assert "downgrade needs --allow-downgrade" in capsys.readouterr().err
