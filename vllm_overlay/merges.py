@@ -23,7 +23,7 @@ from pyflakes import messages as pyflakes_messages
 from pyflakes import reporter as pyflakes_reporter
 
 from vllm_overlay import targets
-from vllm_overlay.apply import HunkNote, PatchResult, Status
+from vllm_overlay.classify import HunkNote, PatchResult, Status
 from vllm_overlay.series import Patch
 
 CONFLICT_START_RE = re.compile(r"^<{7}( |$)")
