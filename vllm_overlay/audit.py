@@ -12,8 +12,6 @@ import enum
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
-import git
-
 from vllm_overlay import dependencies, merges, targets
 from vllm_overlay.apply import PatchResult, Status
 from vllm_overlay.series import Patch
@@ -59,16 +57,7 @@ class AuditRow:
         return data
 
 
-def store_reader(repo: git.Repo, commit: str) -> targets.FileReader:
-    """Read files of an upstream commit straight from the store repository."""
-
-    def read(path: str) -> str | None:
-        try:
-            return repo.git.show(f"{commit}:{path}")
-        except git.GitCommandError:
-            return None
-
-    return read
+store_reader = targets.commit_reader  # files of an upstream commit, from the store repository
 
 
 def releases_since(last_update: str, release_dates: Mapping[str, dt.date], up_to: str | None) -> int | None:

@@ -255,7 +255,7 @@ def unresolved_names(
                 problems.append(f"{path}:{line}: {text}")
         if old_read is None:
             continue
-        read_new = _reader(repo, commit)
+        read_new = targets.commit_reader(repo, commit)
         for function, cls in functions:
             if cls is None:
                 continue
@@ -281,16 +281,6 @@ def _undefined(source: str, path: str) -> list[tuple[int, str]]:
         for message in collect.found
         if isinstance(message, pyflakes_messages.UndefinedName | pyflakes_messages.UndefinedLocal)
     ]
-
-
-def _reader(repo: git.Repo, commit: str) -> targets.FileReader:
-    def read(path: str) -> str | None:
-        try:
-            return repo.git.show(f"{commit}:{path}")
-        except git.GitCommandError:
-            return None
-
-    return read
 
 
 # --- moved targets -------------------------------------------------------------------------------

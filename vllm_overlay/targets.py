@@ -13,8 +13,22 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import git
+
 # Reads a file of an upstream tree by its repo-relative path; None when the file does not exist.
 FileReader = Callable[[str], str | None]
+
+
+def commit_reader(repo: git.Repo, commit: str) -> FileReader:
+    """Read files of one commit straight from a repository (None where the file is absent)."""
+
+    def read(path: str) -> str | None:
+        try:
+            return repo.git.show(f"{commit}:{path}")
+        except git.GitCommandError:
+            return None
+
+    return read
 
 
 class Drift(enum.StrEnum):
