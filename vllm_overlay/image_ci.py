@@ -11,16 +11,18 @@ differ; the Dockerfile is told the path and proves it). Then:
   1. scripts/build-image builds the real Dockerfile on the stand-in and verifies inside the image;
   2. a second --no-cache build must give the same layer digests (reproducible layers);
   3. a file tampered in a staged layer must make the build's verify step fail;
-  4. a file tampered in the built image (a replaced one and an untouched one) must make
-     `python3 -m vllm_overlay_status verify` and the vLLM plugin fail.
+  4. the built image's SBOM (`python3 -m vllm_overlay_status sbom`) must pass cyclonedx-python-lib's
+     schema validator and list exactly the patches of patches/series, and a file tampered in the
+     built image (a replaced one and an untouched one) must make `python3 -m vllm_overlay_status
+     verify` and the vLLM plugin fail.
 
 buildah runs with its own storage under the store (CONTAINERS_STORAGE_CONF), driver --storage-driver
 (overlay by default; vfs works everywhere but copies the ~1 GB base at every step).
-The stand-in's Debian root filesystem comes from the machine's own apt sources (``apt_mirror``)
-unless a mirror is given. Needs root, buildah and debootstrap (Debian: apt-get install buildah
-debootstrap).
+The stand-in's Debian root filesystem comes from the machine's own apt sources (/etc/apt/sources.list,
+sources.list.d/*.list and *.sources; ``apt_mirror``) unless --mirror names one.
+Needs root, buildah and debootstrap (Debian: apt-get install buildah debootstrap).
 
-run_checks returns 0 when every check passed, 1 when a check failed, 2 on a usage, input or environment error.
+Exit codes (run_checks): 0 every check passed; 1 a check failed; 2 usage, input or environment error.
 """
 
 from __future__ import annotations

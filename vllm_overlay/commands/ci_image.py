@@ -1,26 +1,6 @@
-"""CI for the image: build the real Dockerfile with buildah FROM a locally made stand-in base, then tamper tests.
+"""``ci-image``: parse the options and run the image check of :mod:`vllm_overlay.image_ci`.
 
-No registry is reachable on CI machines, so the vllm/vllm-openai base is replaced by a stand-in: a
-minimal Debian root filesystem with python3 (debootstrap, cached in the tool's store) holding the
-pristine vllm package files and dist-info of the locked release, copied from an interpreter that has
-them installed (--python; checked against RECORD first) into the stand-in's system site-packages
-(/usr/local/lib/python3.X/dist-packages: the same scheme as the vllm-openai image, whose Python may
-differ; the Dockerfile is told the path and proves it). Then:
-
-  1. scripts/build-image builds the real Dockerfile on the stand-in and verifies inside the image;
-  2. a second --no-cache build must give the same layer digests (reproducible layers);
-  3. a file tampered in a staged layer must make the build's verify step fail;
-  4. a file tampered in the built image (a replaced one and an untouched one) must make
-     `python3 -m vllm_overlay_status verify` and the vLLM plugin fail.
-
-buildah runs with its own storage under the store (CONTAINERS_STORAGE_CONF), driver --storage-driver
-(overlay by default; vfs works everywhere but copies the ~1 GB base at every step).
-Needs root, buildah and debootstrap (Debian: apt-get install buildah debootstrap).
-
-The stand-in's Debian root filesystem is debootstrapped from the machine's apt sources
-(/etc/apt/sources.list, sources.list.d/*.list and *.sources) unless --mirror names one.
-
-Exit codes: 0 every check passed; 1 a check failed; 2 usage, input or environment error.
+Its help text is that module's docstring (what the check builds and proves), kept in one place.
 """
 
 from __future__ import annotations
@@ -29,6 +9,8 @@ import argparse
 
 from vllm_overlay import image_ci, project
 from vllm_overlay.commands import build_image
+
+__doc__ = image_ci.__doc__  # shown by --help (cli builds the verb's description from it)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
