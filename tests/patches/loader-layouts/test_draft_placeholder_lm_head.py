@@ -26,13 +26,12 @@ import os
 
 import pytest
 import torch
+from draft_loading import load_speculative_draft
 from safetensors.torch import save_file
 from vllm.config import (
     DeviceConfig,
     LoadConfig,
     ModelConfig,
-    ParallelConfig,
-    SpeculativeConfig,
     VllmConfig,
     set_current_vllm_config,
 )
@@ -83,26 +82,7 @@ def _load_draft_with_config(tmp_path, *, draft_tensors, quantization_config=None
         draft_config["quantization_config"] = quantization_config
     draft = _write_model(tmp_path / "draft", draft_config, draft_tensors)
 
-    target_config = ModelConfig(model=target, skip_tokenizer_init=True)
-    parallel_config = ParallelConfig()
-    speculative_config = SpeculativeConfig(
-        method="eagle3",
-        model=draft,
-        num_speculative_tokens=1,
-        target_model_config=target_config,
-        target_parallel_config=parallel_config,
-    )
-    vllm_config = VllmConfig(
-        model_config=target_config,
-        parallel_config=parallel_config,
-        speculative_config=speculative_config,
-        device_config=DeviceConfig(device="cpu"),
-        load_config=LoadConfig(),
-    )
-    loader = DefaultModelLoader(vllm_config.load_config)
-    with set_current_vllm_config(vllm_config):
-        draft = loader.load_model(vllm_config, model_config=speculative_config.draft_model_config)
-    return draft, vllm_config
+    return load_speculative_draft(target, "eagle3", draft)
 
 
 def _record_processed_layers(monkeypatch, method_cls, *, run_original: bool):

@@ -28,21 +28,13 @@ import json
 
 import pytest
 import torch
+from draft_loading import load_speculative_draft
 from safetensors.torch import save_file
-from vllm.config import (
-    DeviceConfig,
-    LoadConfig,
-    ModelConfig,
-    ParallelConfig,
-    SpeculativeConfig,
-    VllmConfig,
-    set_current_vllm_config,
-)
 from vllm.model_executor.layers.vocab_parallel_embedding import (
     ParallelLMHead,
     UnquantizedEmbeddingMethod,
 )
-from vllm.model_executor.model_loader import DefaultModelLoader, base_loader
+from vllm.model_executor.model_loader import base_loader
 from vllm.platforms import current_platform
 from vllm.platforms.cpu import CpuPlatform
 from vllm.v1.attention import selector
@@ -130,24 +122,7 @@ def _load_mtp_draft(tmp_path, *, with_lm_head: bool):
         tensors["lm_head.weight"] = torch.randn(VOCAB, HIDDEN).to(DTYPE)
     save_file(tensors, path / "model.safetensors")
 
-    target_config = ModelConfig(model=str(path), skip_tokenizer_init=True)
-    parallel_config = ParallelConfig()
-    speculative_config = SpeculativeConfig(
-        method="mtp",
-        num_speculative_tokens=1,
-        target_model_config=target_config,
-        target_parallel_config=parallel_config,
-    )
-    vllm_config = VllmConfig(
-        model_config=target_config,
-        parallel_config=parallel_config,
-        speculative_config=speculative_config,
-        device_config=DeviceConfig(device="cpu"),
-        load_config=LoadConfig(),
-    )
-    loader = DefaultModelLoader(vllm_config.load_config)
-    with set_current_vllm_config(vllm_config):
-        draft = loader.load_model(vllm_config, model_config=speculative_config.draft_model_config)
+    draft, vllm_config = load_speculative_draft(str(path), "mtp")
     assert type(draft).__name__ == "Qwen3_5MTP"
     return draft, vllm_config, tensors
 
