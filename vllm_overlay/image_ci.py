@@ -14,7 +14,16 @@ differ; the Dockerfile is told the path and proves it). Then:
   4. the built image's SBOM (`python3 -m vllm_overlay_status sbom`) must pass cyclonedx-python-lib's
      schema validator and list exactly the patches of patches/series, and a file tampered in the
      built image (a replaced one and an untouched one) must make `python3 -m vllm_overlay_status
-     verify` and the vLLM plugin fail.
+     verify` and the vLLM plugin fail;
+  5. (--root-build) the project's own Dockerfile, as `docker build .` builds it: its first stage
+     runs on a second stand-in (Debian with python3, venv and git), installs this tool from the
+     package index pip is configured with (passed as PIP_INDEX_URL / PIP_EXTRA_INDEX_URL; file://
+     indexes stay on the host), downloads the locked sdist and applies the series; the image must
+     have the same added layer digests and the same labels as build-image's;
+  6. (--root-build) over a non-root base like vLLM's vllm-openai-nonroot target (the stand-in plus
+     user vllm, uid 2000 gid 0, WORKDIR /home/vllm, and vLLM's own vllm-nonroot-entrypoint.sh from
+     the locked release as entrypoint), built with IMAGE_USER=vllm: the image keeps that user,
+     workdir and entrypoint, and the entrypoint wrapper, run as vllm, reaches a verify that passes.
 
 buildah runs with its own storage under the store (CONTAINERS_STORAGE_CONF), driver --storage-driver
 (overlay by default; vfs works everywhere but copies the ~1 GB base at every step).
@@ -28,6 +37,7 @@ Exit codes (run_checks): 0 every check passed; 1 a check failed; 2 usage, input 
 from __future__ import annotations
 
 import csv
+import json
 import os
 import shutil
 import subprocess
@@ -37,12 +47,30 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_overlay import engine, envs, image, lock, output, project, record, sbom, series, shadow
+import git
+
+from vllm_overlay import engine, envs, image, indexes, lock, output, project, record, sbom, series, shadow, sources
 from vllm_overlay.store import Store
+from vllm_overlay.targets import commit_reader
 
 STANDIN = "localhost/vllm-openai-standin:v{version}-py"  # -py: carries the .py files only (see carry_files)
 CARRIED_SUFFIXES = (".py",)
 TAG = "localhost/vllm-overlay-ci:latest"
+ROOT_TAG = "localhost/vllm-overlay-ci:root-build"
+NONROOT_TAG = "localhost/vllm-overlay-ci:nonroot"
+# The first stage of the project's Dockerfile needs python3 (3.11+, with venv), git and CA certificates.
+TOOL_STANDIN = "localhost/vllm-overlay-tool-standin:{suite}"
+TOOL_PACKAGES = ("python3", "python3-venv", "git", "ca-certificates")
+NONROOT_USER = "vllm"
+NONROOT_HOME = "/home/vllm"
+NONROOT_ENTRYPOINT = "/usr/local/bin/vllm-nonroot-entrypoint.sh"
+NONROOT_ENTRYPOINT_SOURCE = "docker/entrypoints/vllm-nonroot-entrypoint.sh"  # in the locked release
+# vLLM's console script needs torch and a GPU; the wrapper's `exec vllm serve` reaches this stand-in,
+# which says who runs it and proves the overlay from that process.
+VLLM_STUB = """#!/bin/sh
+echo "vllm stand-in: args '$*', user $(id -un) uid $(id -u) gid $(id -g), HOME=$HOME, cwd $(pwd)"
+exec python3 -m vllm_overlay_status verify
+"""
 TAMPER_LINE = "# tampered by ci-image\n"
 
 
@@ -117,16 +145,18 @@ def _storage(store_root: Path, driver: str) -> None:
     os.environ.setdefault("BUILDAH_ISOLATION", "chroot")
 
 
-def _rootfs_tar(store_root: Path, suite: str, mirror: str) -> Path:
-    tar = store_root / "ci" / f"debian-{suite}-python3.tar"
+def _rootfs_tar(store_root: Path, suite: str, mirror: str, packages: tuple[str, ...] = ("python3",)) -> Path:
+    name = "python3" if packages == ("python3",) else "tool"
+    tar = store_root / "ci" / f"debian-{suite}-{name}.tar"
     if tar.exists():
         return tar
     if shutil.which("debootstrap") is None:
         raise engine.EngineError("debootstrap is not installed (Debian: apt-get install debootstrap)")
+    tar.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=tar.parent) as work:
         root = Path(work) / "rootfs"
-        output.info(f"      debootstrap {suite} (minbase + python3) from {mirror}; once, then cached")
-        _sh("debootstrap", "--variant=minbase", "--include=python3", suite, str(root), mirror)
+        output.info(f"      debootstrap {suite} (minbase + {', '.join(packages)}) from {mirror}; once, then cached")
+        _sh("debootstrap", "--variant=minbase", f"--include={','.join(packages)}", suite, str(root), mirror)
         shutil.rmtree(root / "var" / "cache" / "apt" / "archives", ignore_errors=True)
         (root / "var" / "cache" / "apt" / "archives" / "partial").mkdir(parents=True, exist_ok=True)
         partial = tar.with_suffix(".partial")
@@ -204,6 +234,159 @@ def make_standin(eng: engine.Engine, ref: str, the_lock: lock.Lock, python: str,
     return purelib
 
 
+def make_tool_standin(eng: engine.Engine, ref: str, tar: Path) -> None:
+    """The first stage's stand-in: the Debian root filesystem of TOOL_PACKAGES, nothing else."""
+    container = _sh(eng.exe, "from", "scratch").splitlines()[-1]
+    try:
+        _sh("tar", "-C", _sh(eng.exe, "mount", container), "-xf", str(tar))
+        _sh(eng.exe, "config", "--label", "vllm-overlay.stand-in=tool", container)
+        _sh(eng.exe, "commit", "-q", container, ref)
+    finally:
+        subprocess.run([eng.exe, "rm", container], capture_output=True, check=False)
+
+
+def nonroot_entrypoint(the_lock: lock.Lock, store: Store) -> str:
+    """vLLM's own non-root entrypoint wrapper, read from the locked release in the upstream cache."""
+    upstream = sources.obtain(None, the_lock, store)
+    text = commit_reader(git.Repo(store.upstreams_git), upstream.commit)(NONROOT_ENTRYPOINT_SOURCE)
+    if text is None:
+        raise engine.EngineError(f"vllm {the_lock.version} has no {NONROOT_ENTRYPOINT_SOURCE}")
+    return text + "\n"
+
+
+def make_nonroot_standin(eng: engine.Engine, base: str, ref: str, wrapper: str) -> None:
+    """``base`` made like vLLM's vllm-openai-nonroot target (its docker/Dockerfile, 0.33.0).
+
+    The user is created as vLLM's vllm-base stage does (uid 2000, gid 0, group-0 writable home,
+    /etc/passwd group-writable for the wrapper); then USER, WORKDIR and ENTRYPOINT as the target sets them.
+    """
+    container = _sh(eng.exe, "from", "--pull=never", base).splitlines()[-1]
+    try:
+        mount = Path(_sh(eng.exe, "mount", container))
+        script = (
+            f"useradd --uid 2000 --gid 0 --create-home --home-dir {NONROOT_HOME} --shell /bin/bash {NONROOT_USER}"
+            f" && chmod -R g+rwX {NONROOT_HOME} && chgrp 0 /etc/passwd /etc/group && chmod g=u /etc/passwd /etc/group"
+        )
+        _sh(eng.exe, "run", container, "--", "sh", "-c", script)
+        for rel, text in ((NONROOT_ENTRYPOINT, wrapper), ("/usr/local/bin/vllm", VLLM_STUB)):
+            path = mount / rel.lstrip("/")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+            path.chmod(0o755)
+        _sh(
+            eng.exe,
+            "config",
+            "--user",
+            NONROOT_USER,
+            "--workingdir",
+            NONROOT_HOME,
+            "--entrypoint",
+            json.dumps([NONROOT_ENTRYPOINT]),
+            "--label",
+            "vllm-overlay.stand-in=nonroot",
+            container,
+        )
+        _sh(eng.exe, "commit", "-q", container, ref)
+    finally:
+        subprocess.run([eng.exe, "rm", container], capture_output=True, check=False)
+
+
+def index_build_args() -> dict[str, str]:
+    """PIP_INDEX_URL / PIP_EXTRA_INDEX_URL for the first stage: the indexes the tool reads.
+
+    file:// indexes are directories of this machine, which the build cannot see: left out.
+    """
+    reachable = [url for url in indexes.configured() if url.startswith(("http://", "https://"))]
+    found = {}
+    if reachable:
+        found["PIP_INDEX_URL"] = reachable[0]
+    if reachable[1:]:
+        found["PIP_EXTRA_INDEX_URL"] = " ".join(reachable[1:])
+    return found
+
+
+def _config(eng: engine.Engine, ref: str) -> dict:
+    return eng.inspect(ref)["OCIv1"]["config"]
+
+
+def root_build_checks(
+    proj: project.Project, eng: engine.Engine, ctx: RootBuild, failures: list[str], figures: list[str]
+) -> None:
+    """Check 5: the project's Dockerfile built as `docker build .` builds it, against build-image's image."""
+    build_args = {
+        "BASE_IMAGE": ctx.base,
+        "TOOL_IMAGE": ctx.tool,
+        "VLLM_SITE_PACKAGES": ctx.site,
+        **index_build_args(),
+        # The labels build-image computes from the host (its git revision and remote, the base's digest).
+        "OVERLAY_REVISION": ctx.labels.get("org.opencontainers.image.revision", ""),
+        "OVERLAY_SOURCE": ctx.labels.get("org.opencontainers.image.source", ""),
+        "OVERLAY_BASE_DIGEST": ctx.labels.get("org.opencontainers.image.base.digest", ""),
+    }
+    output.info(f"      index for the first stage: {build_args.get('PIP_INDEX_URL', 'pip default of the tool image')}")
+    started = time.monotonic()
+    # No layer cache: a layer cached from build-image's build would make the digests agree by construction.
+    if eng.build(proj.root, [ROOT_TAG], build_args, ctx.epoch, no_cache=True) != 0:
+        failures.append("the project's Dockerfile did not build (see the build output above)")
+        return
+    seconds = time.monotonic() - started
+    added = eng.diff_ids(ROOT_TAG)[len(eng.diff_ids(ctx.base)) :]
+    if added == ctx.layers:
+        figures.append(
+            f"root Dockerfile: built in {seconds:.0f} s (tool stage included); its {len(added)} added layer "
+            "digests equal build-image's"
+        )
+    else:
+        pairs = [
+            f"{i}: {a[:19]} vs {b[:19]}" for i, (a, b) in enumerate(zip(added, ctx.layers, strict=False)) if a != b
+        ]
+        failures.append(
+            f"root Dockerfile: {len(added)} added layers vs build-image's {len(ctx.layers)}; differ at "
+            + ("; ".join(pairs) or "the count")
+        )
+    labels = eng.labels(ROOT_TAG)
+    differing = sorted(k for k in set(labels) | set(ctx.labels) if labels.get(k) != ctx.labels.get(k))
+    if differing:
+        failures.append(
+            "root Dockerfile: labels differ from build-image's: "
+            + "; ".join(f"{k}: {labels.get(k)!r} vs {ctx.labels.get(k)!r}" for k in differing)
+        )
+    else:
+        figures.append(f"root Dockerfile: the {len(labels)} labels equal build-image's")
+
+
+def nonroot_checks(eng: engine.Engine, ref: str, failures: list[str], figures: list[str]) -> None:
+    """Check 6 on an image built over the non-root stand-in with IMAGE_USER=vllm."""
+    config = _config(eng, ref)
+    wanted = {"User": NONROOT_USER, "WorkingDir": NONROOT_HOME, "Entrypoint": [NONROOT_ENTRYPOINT]}
+    got = {key: config.get(key) for key in wanted}
+    if got != wanted:
+        failures.append(f"non-root base: the image's config is {got}, the base's was {wanted}")
+    else:
+        figures.append(f"non-root base: user {NONROOT_USER}, workdir and vLLM's entrypoint wrapper kept")
+    code, text = eng.run(ref, [NONROOT_ENTRYPOINT, "--model", "stand-in"])
+    if code != 0 or f"user {NONROOT_USER} uid 2000" not in text or "verified:" not in text:
+        failures.append(f"non-root base: the entrypoint wrapper run gave (exit {code}): {text.strip()[-400:]}")
+    else:
+        figures.append("non-root base: the entrypoint wrapper, run as vllm (uid 2000), reached a passing verify")
+    plugin = ["python3", "-c", "from vllm_overlay_status.plugin import register; register()"]
+    code, text = eng.run(ref, plugin)
+    if code != 0:
+        failures.append(f"non-root base: the plugin fails as {NONROOT_USER}: {text.strip()[-300:]}")
+
+
+@dataclass
+class RootBuild:
+    """What check 5 compares against: build-image's image on the stand-in."""
+
+    base: str
+    tool: str
+    site: str
+    epoch: int
+    layers: list[str]
+    labels: dict[str, str]
+
+
 @dataclass
 class Options:
     python: str | None = None  # interpreter whose installed vllm is the pristine source
@@ -211,9 +394,10 @@ class Options:
     suite: str = "bookworm"
     mirror: str | None = None  # None: the machine's own apt sources
     rebuild_base: bool = False
+    root_build: bool = False  # checks 5 and 6: the project's Dockerfile, and a non-root base
 
 
-# build(base, site, *extra build-image arguments) -> exit code of scripts/build-image
+# build(base, site, *extra build-image arguments, tag=TAG) -> exit code of scripts/build-image
 Build = Callable[..., int]
 
 
@@ -331,6 +515,29 @@ def run_checks(proj: project.Project, options: Options, build: Build) -> int:
                     figures.append(f"tampered {rel} in the image: the plugin raised OverlayMismatch")
         for ref_ in ("localhost/vllm-overlay-ci:tampered", "localhost/vllm-overlay-ci:tampered-layer"):
             subprocess.run([eng.exe, "rmi", "-f", ref_], capture_output=True, check=False)
+
+        if args.root_build:
+            output.info("== 5. the project's Dockerfile, as `docker build .` builds it: same layers, same labels")
+            if staging.root_defaults is None:
+                raise engine.EngineError("--root-build compares at the series' own epoch: unset SOURCE_DATE_EPOCH")
+            tool = TOOL_STANDIN.format(suite=args.suite)
+            if args.rebuild_base and eng.image_exists(tool):
+                _sh(eng.exe, "rmi", "-f", tool)
+            if not eng.image_exists(tool):
+                started = time.monotonic()
+                rootfs = _rootfs_tar(store.root, args.suite, args.mirror or apt_mirror(), TOOL_PACKAGES)
+                make_tool_standin(eng, tool, rootfs)
+                figures.append(f"tool stand-in {tool} created in {time.monotonic() - started:.0f} s")
+            context = RootBuild(ref, tool, site, staging.source_date_epoch, second, eng.labels(TAG))
+            root_build_checks(proj, eng, context, failures, figures)
+
+            output.info("== 6. over a non-root base (vLLM's vllm-openai-nonroot target) with IMAGE_USER=vllm")
+            nonroot = f"{ref}-nonroot"
+            make_nonroot_standin(eng, ref, nonroot, nonroot_entrypoint(the_lock, store))
+            if build(nonroot, site, "--build-arg", f"IMAGE_USER={NONROOT_USER}", tag=NONROOT_TAG) != 0:
+                failures.append("the build over the non-root stand-in or its in-image verify failed")
+            else:
+                nonroot_checks(eng, NONROOT_TAG, failures, figures)
     except (lock.LockError, series.SeriesError, image.ImageError, engine.EngineError, FileNotFoundError) as exc:
         output.error(str(exc))
         for line in figures:

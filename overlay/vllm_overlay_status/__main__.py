@@ -4,7 +4,9 @@ status   the upstream release, the applied series and patches (with sha256s) and
          with a quick check of the replaced files as installed (--json: the manifest itself)
 verify   the full check (exit 1 on any difference): the installed vllm is the manifest's version,
          every file not replaced matches the wheel's RECORD, every replaced file matches the
-         manifest, nothing else was added; never imports vllm or torch
+         manifest, nothing else was added; never imports vllm or torch. --expect NAME=VALUE
+         (repeatable) also checks what a label states: upstream_version, upstream_commit,
+         series_sha256, series, manifest_sha256, sbom_sha256 (the image build passes its labels)
 compile  byte-compile the replaced files (checked-hash pycs); the image build runs it
 sbom     print the image's CycloneDX SBOM (JSON; sbom.cdx.json beside this package): the vllm
          release with every carried patch as its pedigree
@@ -19,7 +21,7 @@ import time
 from pathlib import Path
 
 from . import SBOM_NAME, ManifestError, load_manifest, manifest_path, vllm_site_packages
-from .checks import compile_replaced, running, verify
+from .checks import carried_facts, compile_replaced, label_problems, running, verify
 
 
 def _site(args: argparse.Namespace) -> Path:
@@ -29,6 +31,13 @@ def _site(args: argparse.Namespace) -> Path:
     if found is None:
         sys.exit("error: no vllm package on this interpreter's path; pass --site-packages")
     return found
+
+
+def _expectation(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=VALUE")
+    return name, value
 
 
 def cmd_status(args: argparse.Namespace, manifest: dict) -> int:
@@ -63,6 +72,9 @@ def cmd_verify(args: argparse.Namespace, manifest: dict) -> int:
     site = _site(args)
     started = time.monotonic()
     problems = verify(site, manifest)
+    if args.expect:
+        source = args.manifest or manifest_path()
+        problems += label_problems(dict(args.expect), carried_facts(manifest, source, source.parent / SBOM_NAME))
     seconds = time.monotonic() - started
     if args.json:
         print(json.dumps({"site_packages": str(site), "ok": not problems, "problems": problems}, indent=2))
@@ -72,7 +84,9 @@ def cmd_verify(args: argparse.Namespace, manifest: dict) -> int:
         count = len(manifest.get("files", {}))
         verdict = (
             f"verified: vllm {manifest['upstream']['version']} in {site} is the wheel's RECORD apart from "
-            f"{count} replaced file(s), which match the manifest ({seconds:.1f} s)"
+            f"{count} replaced file(s), which match the manifest"
+            + (f"; the {len(args.expect)} label fact(s) given match it" if args.expect else "")
+            + f" ({seconds:.1f} s)"
             if not problems
             else f"FAILED: {len(problems)} difference(s) from the manifest and RECORD in {site}"
         )
@@ -112,6 +126,15 @@ def main(argv: list[str] | None = None) -> int:
         command.add_argument("--site-packages", type=Path, default=None, help="default: where vllm is found")
         if name != "compile":
             command.add_argument("--json", action="store_true", help="machine-readable output")
+        if name == "verify":
+            command.add_argument(
+                "--expect",
+                action="append",
+                default=[],
+                type=_expectation,
+                metavar="NAME=VALUE",
+                help="also check what a label states (repeatable; names: see above)",
+            )
         command.set_defaults(handler=handler)
     args = parser.parse_args(argv)
     try:

@@ -156,3 +156,34 @@ def cache_tag() -> str:
 
 def environment_note() -> str:
     return f"python {sys.version.split()[0]} ({cache_tag()}), pid {os.getpid()}"
+
+
+# What the image's labels state, by the name ``verify --expect`` takes: the Dockerfile passes each
+# label's value, so a label that says something the image does not carry fails the build.
+LABEL_FACTS = ("upstream_version", "upstream_commit", "series_sha256", "series", "manifest_sha256", "sbom_sha256")
+
+
+def carried_facts(manifest: dict, manifest_file: Path, sbom_file: Path) -> dict[str, str]:
+    """The facts of LABEL_FACTS as this package carries them (files hashed as shipped)."""
+    return {
+        "upstream_version": manifest["upstream"]["version"],
+        "upstream_commit": manifest["upstream"]["commit"],
+        "series_sha256": manifest["series_sha256"],
+        "series": ",".join(series["name"] for series in manifest["series"]),
+        "manifest_sha256": sha256_file(manifest_file),
+        "sbom_sha256": sha256_file(sbom_file) if sbom_file.is_file() else "(no SBOM)",
+    }
+
+
+def label_problems(expected: dict[str, str], carried: dict[str, str]) -> list[str]:
+    """One line per expected fact that differs from what is carried (unknown names included)."""
+    problems = []
+    for name, value in expected.items():
+        if name not in carried:
+            problems.append(f"--expect {name}: unknown (known: {', '.join(LABEL_FACTS)})")
+        elif carried[name] != value:
+            problems.append(
+                f"label {name} says {value!r}, but the image carries {carried[name]!r}: the Dockerfile's provenance "
+                "defaults are stale (scripts/build-image --stage-only --sync-dockerfile) or a --build-arg overrode one"
+            )
+    return problems

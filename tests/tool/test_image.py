@@ -120,15 +120,70 @@ def test_dockerfile_block_args_and_labels(image_project, make_patch, upstream_di
     assert run_apply(image_project, upstream_dir)[0] == 0
     staging = do_stage(image_project)
     text = staging.dockerfile.read_text()
-    assert "COPY layers/01-alpha/ ${VLLM_SITE_PACKAGES}/\nCOPY layers/02-beta/ ${VLLM_SITE_PACKAGES}/\n" in text
-    assert text.index("01-alpha") < text.index("02-beta") < text.index("COPY overlay/")
+    layer = "COPY --from=series /vllm-overlay/build/image/layers/{}/ ${{VLLM_SITE_PACKAGES}}/\n"
+    assert layer.format("01-alpha") + layer.format("02-beta") in text
+    assert text.index("01-alpha") < text.index("02-beta") < text.index("build/image/overlay/ ${VLLM_SITE_PACKAGES}/")
     assert 'ARG BASE_IMAGE="vllm/vllm-openai:v0.33.0"' in text
     assert f'ARG OVERLAY_SERIES_SHA256="{staging.series_sha256}"' in text
     assert 'ARG OVERLAY_CREATED="2023-11-14T22:13:20Z"' in text
     assert staging.labels["vllm-overlay.upstream.commit"] == "g4ba787ec9"
     assert staging.labels["org.opencontainers.image.version"].startswith("0.33.0-overlay.")
-    assert image.sync_dockerfile(Project(image_project), staging.dockerfile_block)
-    assert image.dockerfile_block(Project(image_project)) == staging.dockerfile_block
+
+
+def stages(text: str) -> tuple[str, str]:
+    """(everything before the image's stage, the image's stage) of a Dockerfile."""
+    head, sep, tail = text.partition("\nFROM ${BASE_IMAGE}\n")
+    assert sep, "no FROM ${BASE_IMAGE} stage"
+    return head, tail
+
+
+def test_staged_dockerfile_is_the_projects_with_the_staged_files_as_first_stage(
+    image_project, make_patch, upstream_dir, store_env
+):
+    """docker build . and build-image share the image's stage; only the series stage differs."""
+    two_series(make_patch, upstream_dir)
+    assert run_apply(image_project, upstream_dir)[0] == 0
+    proj = Project(image_project)
+    staging = do_stage(image_project, epoch=image.series_epoch(series.load_series(proj.patches)))
+    assert image.sync_dockerfile(proj, staging)
+    root_head, root_image = stages((image_project / "Dockerfile").read_text())
+    staged_head, staged_image = stages(staging.dockerfile.read_text())
+    assert "FROM ${TOOL_IMAGE} AS series" in root_head and "vllm-overlay apply-patches" in root_head
+    assert "FROM scratch AS series\nCOPY layers/ /vllm-overlay/build/image/layers/\n" in staged_head
+    assert "apply-patches" not in staged_head
+    per_build = {"OVERLAY_REVISION", "OVERLAY_SOURCE"}  # the host's git facts: build-image fills them in
+    differing = [(a, b) for a, b in zip(root_image.splitlines(), staged_image.splitlines(), strict=True) if a != b]
+    assert {a.split("=")[0].removeprefix("ARG ") for a, _ in differing} == per_build
+    assert image.stale_dockerfile_lines(proj, staging) == []
+    assert not image.sync_dockerfile(proj, staging)  # idempotent
+
+
+def test_check_dockerfile_fails_until_synced(image_project, make_patch, upstream_dir, store_env, capsys):
+    two_series(make_patch, upstream_dir)
+    assert run_apply(image_project, upstream_dir)[0] == 0
+    argv = ["build-image", "--project", str(image_project), "--stage-only"]
+    assert cli.main([*argv, "--check-dockerfile"]) == 1  # the repository's Dockerfile holds another series
+    err = capsys.readouterr().err
+    assert "+COPY --from=series /vllm-overlay/build/image/layers/01-alpha/" in err and "--sync-dockerfile" in err
+    assert cli.main([*argv, "--sync-dockerfile"]) == 0
+    assert cli.main([*argv, "--check-dockerfile"]) == 0
+    text = (image_project / "Dockerfile").read_text()
+    assert 'ARG OVERLAY_SERIES="alpha,beta"' in text and "ARG OVERLAY_REVISION=\n" in text
+    make_patch(
+        upstream_dir, lambda t: replace_line(t / "vllm" / "core.py", "line_7 = 7\n", "line_7 = 70\n"), "b2", "beta"
+    )
+    assert run_apply(image_project, upstream_dir)[0] == 0
+    capsys.readouterr()
+    assert cli.main([*argv, "--check-dockerfile"]) == 1  # a new patch: new series sha256, manifest, SBOM
+    assert "-ARG OVERLAY_SERIES_SHA256=" in capsys.readouterr().err
+
+
+def test_dockerfile_is_checked_at_the_series_epoch_only(image_project, make_patch, upstream_dir, store_env):
+    two_series(make_patch, upstream_dir)
+    assert run_apply(image_project, upstream_dir)[0] == 0
+    staging = do_stage(image_project, epoch=12345)  # e.g. SOURCE_DATE_EPOCH set: other labels, other SBOM
+    with pytest.raises(image.ImageError, match="unset SOURCE_DATE_EPOCH"):
+        image.stale_dockerfile_lines(Project(image_project), staging)
 
 
 def test_staging_is_reproducible(image_project, make_patch, upstream_dir, store_env):

@@ -158,3 +158,39 @@ def test_verify_install_command(site, tmp_path, capsys):
     manifest = tmp_path / "manifest.json"
     manifest.write_text(json.dumps(manifest_for({"vllm/core.py": b"tampered\n"})))
     assert cli.main(["verify-install", "--site-packages", str(site), "--manifest", str(manifest)]) == 0
+
+
+def test_verify_checks_what_the_labels_state(site, tmp_path):
+    """verify --expect: the image build passes its labels; one that misstates the image fails the build."""
+    install_status_package(site, manifest_for({}))
+    status = site / "vllm_overlay_status"
+    (status / "sbom.cdx.json").write_bytes(b'{"bomFormat": "CycloneDX"}\n')
+    truth = {
+        "upstream_version": "0.33.0",
+        "upstream_commit": "g4ba787ec9",
+        "series_sha256": "0" * 64,
+        "series": "demo",
+        "manifest_sha256": sha((status / "manifest.json").read_bytes()),
+        "sbom_sha256": sha((status / "sbom.cdx.json").read_bytes()),
+    }
+
+    def verify_expecting(facts: dict[str, str]) -> subprocess.CompletedProcess:
+        argv = ["x", "verify", "--site-packages", str(site)]
+        for name, value in facts.items():
+            argv += ["--expect", f"{name}={value}"]
+        code = f"import sys, runpy; sys.path.insert(0, {str(site)!r}); sys.argv = {argv!r}; " + (
+            "runpy.run_module('vllm_overlay_status', run_name='__main__')"
+        )
+        env = {"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"}
+        return subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path)
+
+    ok = verify_expecting(truth)
+    assert ok.returncode == 0 and "the 6 label fact(s) given match it" in ok.stdout, ok.stdout + ok.stderr
+    for name in truth:
+        wrong = verify_expecting({**truth, name: "stale"})
+        assert wrong.returncode == 1, name
+        assert f"label {name} says 'stale'" in wrong.stderr and "--sync-dockerfile" in wrong.stderr
+    (status / "sbom.cdx.json").write_bytes(b"{}\n")  # the SBOM changed after the label was computed
+    assert "label sbom_sha256 says" in verify_expecting(truth).stderr
+    unknown = verify_expecting({"series_sha": "x"})
+    assert unknown.returncode == 1 and "--expect series_sha: unknown" in unknown.stderr

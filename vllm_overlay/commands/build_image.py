@@ -8,7 +8,12 @@ docker, podman or buildah (the first that works; --engine picks), tags, and runs
 and the build time. Layers are reproducible: same inputs, same layer digests (SOURCE_DATE_EPOCH,
 default the newest patch's Last-Update date, fixes every timestamp).
 
-Exit codes: 0 built and verified; 1 the build or the in-image verify failed; 2 usage, input or engine error.
+The project's Dockerfile (what `docker build .` builds: a first stage runs this tool, the second is
+the same as the staged one) carries the series block and the provenance ARG defaults too:
+--sync-dockerfile writes them, --check-dockerfile fails when they are stale.
+
+Exit codes: 0 built and verified; 1 the build or the in-image verify failed, or --check-dockerfile
+found ./Dockerfile stale; 2 usage, input or engine error.
 """
 
 from __future__ import annotations
@@ -41,7 +46,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stage-only", action="store_true", help="stage build/image and stop (no engine needed)")
     parser.add_argument("--no-pull", action="store_true", help="never pull the base; fail if it is not present")
     parser.add_argument("--no-cache", action="store_true", help="rebuild every layer (proves reproducibility)")
-    parser.add_argument("--sync-dockerfile", action="store_true", help="rewrite the series block of ./Dockerfile")
+    parser.add_argument(
+        "--sync-dockerfile",
+        action="store_true",
+        help="rewrite the generated parts of ./Dockerfile (series block, provenance ARG defaults) from the series",
+    )
+    parser.add_argument(
+        "--check-dockerfile",
+        action="store_true",
+        help="exit 1 if the generated parts of ./Dockerfile are stale (what `docker build .` would build with)",
+    )
 
 
 def _mb(size: int | None) -> str:
@@ -75,15 +89,28 @@ def run(args: argparse.Namespace) -> int:
             f"{entry['path']} is outside the installed vllm package: not shipped ({', '.join(entry['patches'])})"
         )
     say(f"staged {staging.root} ({staging.staged_bytes:,} bytes; series sha256 {staging.series_sha256[:16]})")
-    if image.dockerfile_block(proj) != staging.dockerfile_block:
-        if args.sync_dockerfile:
-            image.sync_dockerfile(proj, staging.dockerfile_block)
-            output.info(f"      updated the series block of {proj.root / 'Dockerfile'}")
-        else:
-            output.warn(
-                "the series block of ./Dockerfile differs from patches/series (the staged copy is right); "
-                "--sync-dockerfile rewrites it"
+    try:
+        stale = image.stale_dockerfile_lines(proj, staging)
+        if stale and args.sync_dockerfile:
+            image.sync_dockerfile(proj, staging)
+            output.info(f"      updated the generated parts of {proj.root / 'Dockerfile'} ({len(stale)} line(s))")
+        elif stale:
+            shown = "\n".join(f"        {line}" for line in stale[:12])
+            more = f"\n        ... and {len(stale) - 12} more" if len(stale) > 12 else ""
+            message = (
+                f"the generated parts of {proj.root / 'Dockerfile'} (series block, provenance defaults) do not match "
+                f"patches/series, so `docker build .` would be refused:\n{shown}{more}\n"
+                "      run scripts/build-image --stage-only --sync-dockerfile and commit the Dockerfile"
             )
+            if args.check_dockerfile:
+                output.error(message)
+                return 1
+            output.warn(message + " (the staged copy is right)")
+        elif args.check_dockerfile:
+            output.info(f"      {proj.root / 'Dockerfile'}: generated parts match the series")
+    except image.ImageError as exc:
+        output.error(str(exc))
+        return 2
     if args.stage_only:
         output.result(str(staging.root))
         return 0

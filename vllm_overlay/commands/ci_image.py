@@ -30,18 +30,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="Debian archive URL for debootstrap (default: the one in the machine's apt sources)",
     )
-    parser.add_argument("--rebuild-base", action="store_true", help="make the stand-in base again")
+    parser.add_argument("--rebuild-base", action="store_true", help="make the stand-in bases again")
+    parser.add_argument(
+        "--root-build",
+        action="store_true",
+        help="also checks 5 and 6: build the project's Dockerfile as `docker build .` does (digests and labels "
+        "must equal build-image's), and build over a non-root base",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     proj = project.from_args(args)
 
-    def build(base: str, site: str, *extra: str) -> int:
-        argv = ["--project", str(proj.root), "--engine", "buildah", "--base", base, "--no-pull", "--tag", image_ci.TAG]
+    def build(base: str, site: str, *extra: str, tag: str = image_ci.TAG) -> int:
+        argv = ["--project", str(proj.root), "--engine", "buildah", "--base", base, "--no-pull", "--tag", tag]
         argv += ["--build-arg", f"VLLM_SITE_PACKAGES={site}", *extra]
         parser = argparse.ArgumentParser()
         build_image.add_arguments(parser)
         return build_image.run(parser.parse_args(argv))
 
-    options = image_ci.Options(args.python, args.storage_driver, args.suite, args.mirror, args.rebuild_base)
+    options = image_ci.Options(
+        args.python, args.storage_driver, args.suite, args.mirror, args.rebuild_base, args.root_build
+    )
     return image_ci.run_checks(proj, options, build)
