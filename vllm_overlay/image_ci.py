@@ -16,8 +16,8 @@ differ; the Dockerfile is told the path and proves it). Then:
      built image (a replaced one and an untouched one) must make `python3 -m vllm_overlay_status
      verify` and the vLLM plugin fail;
   5. (--root-build) the project's own Dockerfile, as `docker build .` builds it: its first stage
-     runs on a second stand-in (Debian with python3, venv and git), installs this tool from the
-     package index pip is configured with (passed as PIP_INDEX_URL / PIP_EXTRA_INDEX_URL; file://
+     runs on a second stand-in (Debian with python3, venv and git, trusting this machine's CA
+     bundle), installs this tool from the package index pip is configured with (passed as PIP_INDEX_URL / PIP_EXTRA_INDEX_URL; file://
      indexes stay on the host), downloads the locked sdist and applies the series; the image must
      have the same added layer digests and the same labels as build-image's;
   6. (--root-build) over a non-root base like vLLM's vllm-openai-nonroot target (the stand-in plus
@@ -40,6 +40,7 @@ import csv
 import json
 import os
 import shutil
+import ssl
 import subprocess
 import tempfile
 import time
@@ -234,12 +235,34 @@ def make_standin(eng: engine.Engine, ref: str, the_lock: lock.Lock, python: str,
     return purelib
 
 
-def make_tool_standin(eng: engine.Engine, ref: str, tar: Path) -> None:
-    """The first stage's stand-in: the Debian root filesystem of TOOL_PACKAGES, nothing else."""
+def machine_ca_bundle() -> Path | None:
+    """The CA bundle this machine reaches the index with: pip's ``cert``, else OpenSSL's default file."""
+    for candidate in (indexes.pip_cert(), ssl.get_default_verify_paths().cafile):
+        if candidate and Path(candidate).is_file():
+            return Path(candidate)
+    return None
+
+
+def make_tool_standin(eng: engine.Engine, ref: str, tar: Path, ca_bundle: Path | None) -> None:
+    """The first stage's stand-in: the Debian root filesystem of TOOL_PACKAGES, trusting what this machine trusts.
+
+    A machine whose egress re-signs TLS (a corporate proxy) reaches the index only with its own CA
+    bundle; a team there uses a tool image that trusts that CA, and so does this stand-in: the
+    bundle replaces the image's, and PIP_CERT names it (pip otherwise trusts only its vendored certifi).
+    """
     container = _sh(eng.exe, "from", "scratch").splitlines()[-1]
     try:
-        _sh("tar", "-C", _sh(eng.exe, "mount", container), "-xf", str(tar))
-        _sh(eng.exe, "config", "--label", "vllm-overlay.stand-in=tool", container)
+        mount = Path(_sh(eng.exe, "mount", container))
+        _sh("tar", "-C", str(mount), "-xf", str(tar))
+        config = ["--label", "vllm-overlay.stand-in=tool"]
+        if ca_bundle is not None:
+            target = mount / "etc" / "ssl" / "certs" / "ca-certificates.crt"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.unlink(missing_ok=True)
+            shutil.copyfile(ca_bundle, target)
+            config += ["--env", "PIP_CERT=/etc/ssl/certs/ca-certificates.crt"]
+            output.info(f"      tool stand-in trusts this machine's CA bundle ({ca_bundle})")
+        _sh(eng.exe, "config", *config, container)
         _sh(eng.exe, "commit", "-q", container, ref)
     finally:
         subprocess.run([eng.exe, "rm", container], capture_output=True, check=False)
@@ -526,7 +549,7 @@ def run_checks(proj: project.Project, options: Options, build: Build) -> int:
             if not eng.image_exists(tool):
                 started = time.monotonic()
                 rootfs = _rootfs_tar(store.root, args.suite, args.mirror or apt_mirror(), TOOL_PACKAGES)
-                make_tool_standin(eng, tool, rootfs)
+                make_tool_standin(eng, tool, rootfs, machine_ca_bundle())
                 figures.append(f"tool stand-in {tool} created in {time.monotonic() - started:.0f} s")
             context = RootBuild(ref, tool, site, staging.source_date_epoch, second, eng.labels(TAG))
             root_build_checks(proj, eng, context, failures, figures)

@@ -71,6 +71,14 @@ def _pip_indexes() -> list[str]:
     return [*urls, *options.extra_index_urls]
 
 
+def pip_cert() -> str | None:
+    """The CA bundle pip is configured to trust (``cert``: PIP_CERT, pip.conf), None if pip's own."""
+    from pip._internal.commands import create_command
+
+    options, _ = create_command("download").parse_args([])
+    return options.cert or None
+
+
 def project_files(project: str) -> list[IndexEntry]:
     """Every file any configured index lists for a project (the first index wins on a name)."""
     seen: dict[str, IndexEntry] = {}
