@@ -18,7 +18,7 @@
 #   IMAGE_USER           the user the image runs as (default root, as vllm-openai; vllm for
 #                        vllm-openai-nonroot, whose entrypoint wrapper and WORKDIR are kept)
 #   VLLM_SITE_PACKAGES   where the base installs vllm (the build proves it; see below)
-#   TOOL_IMAGE           the first stage's image: python3 (3.11+, with venv) and git
+#   TOOL_IMAGE           the first stage's image: python3 (3.11.4+, with venv) and git
 #   PIP_INDEX_URL, PIP_EXTRA_INDEX_URL, PIP_TRUSTED_HOST   the package index the first stage reads
 #   OVERLAY_REVISION, OVERLAY_SOURCE   label values: e.g. $(git rev-parse HEAD) and the clone URL
 
@@ -31,7 +31,9 @@ FROM ${TOOL_IMAGE} AS series
 ARG PIP_INDEX_URL=
 ARG PIP_EXTRA_INDEX_URL=
 ARG PIP_TRUSTED_HOST=
-ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PYTHONDONTWRITEBYTECODE=1
+# gc.auto=0: a git gc left running in the background would still be writing when the step's layer is taken.
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PYTHONDONTWRITEBYTECODE=1 \
+    GIT_CONFIG_COUNT=1 GIT_CONFIG_KEY_0=gc.auto GIT_CONFIG_VALUE_0=0
 WORKDIR /vllm-overlay
 # The tool first (its dependencies change least), then the inputs of the image.
 COPY pyproject.toml README.md ./
@@ -42,9 +44,10 @@ COPY upstream.lock Dockerfile ./
 COPY patches/ patches/
 COPY overlay/ overlay/
 # --check-dockerfile: this file's generated parts (series block, label defaults) must match the
-# series, or the build stops here naming the fix.
-RUN /opt/vllm-overlay/bin/vllm-overlay apply-patches \
-    && /opt/vllm-overlay/bin/vllm-overlay build-image --stage-only --check-dockerfile
+# series, or the build stops here naming the fix. Only build/image/ is kept: the next stage reads it.
+RUN /opt/vllm-overlay/bin/vllm-overlay apply-patches --project /vllm-overlay \
+    && /opt/vllm-overlay/bin/vllm-overlay build-image --project /vllm-overlay --stage-only --check-dockerfile \
+    && rm -rf build/patched /root/.cache/vllm-overlay
 # <<< series stage <<<
 
 FROM ${BASE_IMAGE}

@@ -16,10 +16,11 @@ differ; the Dockerfile is told the path and proves it). Then:
      built image (a replaced one and an untouched one) must make `python3 -m vllm_overlay_status
      verify` and the vLLM plugin fail;
   5. (--root-build) the project's own Dockerfile, as `docker build .` builds it: its first stage
-     runs on a second stand-in (Debian with python3, venv and git, trusting this machine's CA
-     bundle), installs this tool from the package index pip is configured with (passed as PIP_INDEX_URL / PIP_EXTRA_INDEX_URL; file://
-     indexes stay on the host), downloads the locked sdist and applies the series; the image must
-     have the same added layer digests and the same labels as build-image's;
+     runs on a second stand-in (Debian --tool-suite with python3, venv and git, trusting this
+     machine's CA bundle), installs this tool from the package index pip is configured with
+     (passed as PIP_INDEX_URL / PIP_EXTRA_INDEX_URL; file:// indexes stay on the host), downloads
+     the locked sdist and applies the series; the image must have the same added layer digests
+     and the same labels as build-image's;
   6. (--root-build) over a non-root base like vLLM's vllm-openai-nonroot target (the stand-in plus
      user vllm, uid 2000 gid 0, WORKDIR /home/vllm, and vLLM's own vllm-nonroot-entrypoint.sh from
      the locked release as entrypoint), built with IMAGE_USER=vllm: the image keeps that user,
@@ -59,7 +60,8 @@ CARRIED_SUFFIXES = (".py",)
 TAG = "localhost/vllm-overlay-ci:latest"
 ROOT_TAG = "localhost/vllm-overlay-ci:root-build"
 NONROOT_TAG = "localhost/vllm-overlay-ci:nonroot"
-# The first stage of the project's Dockerfile needs python3 (3.11+, with venv), git and CA certificates.
+# The first stage of the project's Dockerfile needs python3 (3.11.4+, with venv), git and CA certificates:
+# Debian trixie's (3.13; bookworm's 3.11.2 lacks tarfile's data filter).
 TOOL_STANDIN = "localhost/vllm-overlay-tool-standin:{suite}"
 TOOL_PACKAGES = ("python3", "python3-venv", "git", "ca-certificates")
 NONROOT_USER = "vllm"
@@ -415,6 +417,7 @@ class Options:
     python: str | None = None  # interpreter whose installed vllm is the pristine source
     storage_driver: str = "overlay"
     suite: str = "bookworm"
+    tool_suite: str = "trixie"  # the first stage's stand-in (check 5)
     mirror: str | None = None  # None: the machine's own apt sources
     rebuild_base: bool = False
     root_build: bool = False  # checks 5 and 6: the project's Dockerfile, and a non-root base
@@ -543,12 +546,12 @@ def run_checks(proj: project.Project, options: Options, build: Build) -> int:
             output.info("== 5. the project's Dockerfile, as `docker build .` builds it: same layers, same labels")
             if staging.root_defaults is None:
                 raise engine.EngineError("--root-build compares at the series' own epoch: unset SOURCE_DATE_EPOCH")
-            tool = TOOL_STANDIN.format(suite=args.suite)
+            tool = TOOL_STANDIN.format(suite=args.tool_suite)
             if args.rebuild_base and eng.image_exists(tool):
                 _sh(eng.exe, "rmi", "-f", tool)
             if not eng.image_exists(tool):
                 started = time.monotonic()
-                rootfs = _rootfs_tar(store.root, args.suite, args.mirror or apt_mirror(), TOOL_PACKAGES)
+                rootfs = _rootfs_tar(store.root, args.tool_suite, args.mirror or apt_mirror(), TOOL_PACKAGES)
                 make_tool_standin(eng, tool, rootfs, machine_ca_bundle())
                 figures.append(f"tool stand-in {tool} created in {time.monotonic() - started:.0f} s")
             context = RootBuild(ref, tool, site, staging.source_date_epoch, second, eng.labels(TAG))

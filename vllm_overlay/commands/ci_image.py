@@ -26,6 +26,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--suite", default="bookworm", help="Debian suite of the stand-in (default: bookworm)")
     parser.add_argument(
+        "--tool-suite",
+        default="trixie",
+        help="Debian suite of the first stage's stand-in for --root-build (python3 3.11.4+; default: trixie)",
+    )
+    parser.add_argument(
         "--mirror",
         default=None,
         help="Debian archive URL for debootstrap (default: the one in the machine's apt sources)",
@@ -50,6 +55,12 @@ def run(args: argparse.Namespace) -> int:
         return build_image.run(parser.parse_args(argv))
 
     options = image_ci.Options(
-        args.python, args.storage_driver, args.suite, args.mirror, args.rebuild_base, args.root_build
+        python=args.python,
+        storage_driver=args.storage_driver,
+        suite=args.suite,
+        tool_suite=args.tool_suite,
+        mirror=args.mirror,
+        rebuild_base=args.rebuild_base,
+        root_build=args.root_build,
     )
     return image_ci.run_checks(proj, options, build)
