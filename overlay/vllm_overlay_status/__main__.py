@@ -88,7 +88,9 @@ def cmd_verify(args: argparse.Namespace, manifest: dict) -> int:
             + (f"; the {len(args.expect)} label fact(s) given match it" if args.expect else "")
             + f" ({seconds:.1f} s)"
             if not problems
-            else f"FAILED: {len(problems)} difference(s) from the manifest and RECORD in {site}"
+            else f"FAILED: {len(problems)} difference(s) from the manifest and RECORD"
+            + (" and the labels given" if args.expect else "")
+            + f" in {site}"
         )
         print(verdict)
     return 1 if problems else 0
