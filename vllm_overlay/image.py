@@ -27,6 +27,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from pathlib import Path, PurePosixPath
@@ -581,3 +582,18 @@ def stage(
         shutil.rmtree(work, ignore_errors=True)
         raise
     return Staging(dest, layers, manifest, build_args, labels, unshipped, epoch, block, root_defaults)
+
+
+def refresh_project_dockerfile(project: Project, lock: Lock, patches: list[Patch]) -> int:
+    """Bring the project's Dockerfile in line with the series after patches/ changed (export, bump).
+
+    Stages into a scratch directory at the series' own epoch (build/image is left as it was) and
+    writes the generated parts. Returns the number of Dockerfile lines that changed.
+    """
+    project.build.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".dockerfile-sync-", dir=project.build) as scratch:
+        staging = stage(project, lock, patches, dest=Path(scratch) / "image", epoch=series_epoch(patches))
+        stale = stale_dockerfile_lines(project, staging)
+        if stale:
+            sync_dockerfile(project, staging)
+    return len(stale)

@@ -299,3 +299,46 @@ def test_stand_in_carries_the_py_files_with_a_record_of_exactly_them(tmp_path: P
     assert record.verify_distribution(target, "vllm") == []  # the stand-in is its (trimmed) RECORD
     (target / "vllm" / "envs.py").write_text("X = 2\n")
     assert [p.path for p in record.verify_distribution(target, "vllm")] == ["vllm/envs.py"]
+
+
+def test_root_build_reads_the_index_and_ca_bundle_pip_is_configured_with(tmp_path, monkeypatch):
+    """ci-image --root-build: the first stage gets the machine's http(s) indexes and trusts its CA bundle."""
+    from vllm_overlay import image_ci, indexes
+
+    monkeypatch.delenv(indexes.ENV_VAR, raising=False)
+    monkeypatch.setenv("PIP_INDEX_URL", "https://index.example.invalid/simple")
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "file:///opt/wheels-here http://127.0.0.1:9/simple")
+    assert image_ci.index_build_args() == {
+        "PIP_INDEX_URL": "https://index.example.invalid/simple",
+        "PIP_EXTRA_INDEX_URL": "http://127.0.0.1:9/simple",  # a file:// index is this machine's directory
+    }
+    monkeypatch.setenv(indexes.ENV_VAR, "file:///only/local")
+    assert image_ci.index_build_args() == {}
+    bundle = tmp_path / "corporate-ca.pem"
+    bundle.write_text("-----BEGIN CERTIFICATE-----\n")
+    monkeypatch.setenv("PIP_CERT", str(bundle))
+    assert image_ci.machine_ca_bundle() == bundle
+
+
+def test_export_brings_the_dockerfile_in_line(image_project, make_patch, upstream_dir, store_env, capsys):
+    """An edited patch changes the series sha256, manifest and SBOM: export-patches rewrites the defaults."""
+    import git
+
+    from tests.tool.conftest import IDENTITY
+
+    two_series(make_patch, upstream_dir)
+    assert run_apply(image_project, upstream_dir)[0] == 0
+    argv = ["build-image", "--project", str(image_project), "--stage-only"]
+    assert cli.main([*argv, "--sync-dockerfile"]) == 0
+    before = (image_project / "Dockerfile").read_text()
+    repo = git.Repo(image_project / "build" / "patched")
+    replace_line(image_project / "build" / "patched" / "vllm" / "core.py", "line_9 = 90\n", "line_9 = 900\n")
+    with repo.git.custom_environment(**IDENTITY):
+        repo.git.commit("-aq", "--amend", "--no-edit")
+    capsys.readouterr()
+    assert cli.main(["export-patches", "--project", str(image_project)]) == 0
+    assert "updated the generated parts of Dockerfile" in capsys.readouterr().out
+    after = (image_project / "Dockerfile").read_text()
+    assert after != before
+    assert not list((image_project / "build").glob(".dockerfile-sync-*"))  # the scratch staging is gone
+    assert cli.main([*argv, "--check-dockerfile"]) == 0

@@ -76,6 +76,10 @@ def run(args: argparse.Namespace) -> int:
     output.result(f"series refreshed onto {relocked.version}: {len(changed)} file(s) changed: {', '.join(changed)}")
     output.result(f"upstream.lock now pins {relocked.project} {relocked.version} (commit {relocked.commit})")
     output.result("until they are committed, `scripts/bump --abort` restores patches/ and upstream.lock")
+    output.result(
+        "the Dockerfile's generated parts (base image, series block, provenance defaults) follow them: "
+        "scripts/build-image --stage-only --sync-dockerfile, and commit it with them (scripts/check fails until then)"
+    )
     if args.no_test:
         return 0
     if "test-patches" not in cli.VERBS:

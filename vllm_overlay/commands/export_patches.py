@@ -2,7 +2,8 @@
 
 Every commit after the upstream commit becomes one git-format-patch file. Exporting an unchanged
 series changes no byte. With --check nothing is written: the command prints the difference and
-exits 1 if patches/ is stale (exit 0 when up to date).
+exits 1 if patches/ is stale (exit 0 when up to date). After writing, the generated parts of the
+Dockerfile (series block, provenance defaults: what `docker build .` reads) are brought in line.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from vllm_overlay import export, output, project
+from vllm_overlay import export, image, lock, output, project, series
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,4 +44,17 @@ def run(args: argparse.Namespace) -> int:
     for name in changed:
         output.result(f"wrote patches/{name}")
     output.info(f"{len(wanted) - 1} patches exported; {len(changed)} file(s) changed")
+    if changed:
+        refresh_dockerfile(proj)
     return 0
+
+
+def refresh_dockerfile(proj: project.Project) -> None:
+    """Sync the Dockerfile's generated parts after patches/ changed; a warning (not a failure) if it cannot."""
+    try:
+        lines = image.refresh_project_dockerfile(proj, lock.load(proj.lock_file), series.load_series(proj.patches))
+    except (lock.LockError, series.SeriesError, image.ImageError) as exc:
+        output.warn(f"Dockerfile not updated ({exc}); run scripts/build-image --stage-only --sync-dockerfile")
+        return
+    if lines:
+        output.result(f"updated the generated parts of Dockerfile ({lines} line(s)): commit it with patches/")
