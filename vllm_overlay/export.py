@@ -11,12 +11,12 @@ from __future__ import annotations
 import difflib
 import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import git
 
+from vllm_overlay import atomicfile
 from vllm_overlay.apply import CONFIG_UPSTREAM
 from vllm_overlay.series import PATCH_FILE_TRAILER, SERIES_FILE, SERIES_NAME_RE, read_series, render_series
 
@@ -180,11 +180,6 @@ def write(patches_dir: Path, wanted: dict[str, bytes]) -> list[str]:
         path = patches_dir / name
         if path.exists() and path.read_bytes() == content:
             continue
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(content)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+        atomicfile.write_bytes(path, content)
         changed.append(name)
     return changed

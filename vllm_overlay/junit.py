@@ -8,11 +8,11 @@ JUnit dialect GitHub, GitLab and Jenkins all display.
 
 from __future__ import annotations
 
-import os
-import tempfile
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
+
+from vllm_overlay import atomicfile
 
 PASSED, FAILED, ERROR, SKIPPED, TIMEOUT = "passed", "failed", "error", "skipped", "timeout"
 # Worst wins when one test id appears twice (a failure in the call and an error in teardown).
@@ -133,9 +133,4 @@ def write_report(cases: list[ReportCase], path: Path, name: str = "test-patches"
     root.set("failures", str(sum(c.failure is not None for c in cases)))
     root.set("errors", str(sum(c.error is not None for c in cases)))
     ET.indent(root)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "wb") as handle:
-        ET.ElementTree(root).write(handle, encoding="utf-8", xml_declaration=True)
-    os.replace(tmp, path)
+    atomicfile.write_bytes(Path(path), ET.tostring(root, encoding="utf-8", xml_declaration=True))

@@ -8,12 +8,12 @@ comments never drift.
 from __future__ import annotations
 
 import hashlib
-import os
 import re
-import tempfile
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from vllm_overlay import atomicfile
 
 LOCK_NAME = "upstream.lock"
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -144,7 +144,4 @@ def write(lock: Lock, path: Path) -> None:
     """Write the lock atomically: a crash never leaves half a lock behind."""
     text = render(lock)
     parse(text)  # never write something we could not read back
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".upstream.lock.")
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
+    atomicfile.write_bytes(path, text.encode("utf-8"))

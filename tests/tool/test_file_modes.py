@@ -51,3 +51,17 @@ def test_next_run_removes_a_killed_download_and_import(project, upstream_dir, st
     unpacking.mkdir(parents=True)
     sources.obtain(str(upstream_dir), lock.load(project / "upstream.lock"), store)
     assert not leftover.exists() and not unpacking.parent.exists()
+
+
+def test_lock_and_junit_report_follow_the_umask(tmp_path, umask_022):
+    """upstream.lock (bump rewrites it) and the JUnit report are read by others: not 0600."""
+    from tests.tool.conftest import REPO_ROOT
+    from vllm_overlay import junit
+
+    path = tmp_path / "upstream.lock"
+    lock.write(lock.load(REPO_ROOT / "upstream.lock"), path)
+    assert mode(path) == 0o644 and lock.load(path).version
+    report = tmp_path / "reports" / "test-patches.xml"
+    junit.write_report([], report)
+    assert mode(report) == 0o644 and report.read_bytes().startswith(b"<?xml")
+    assert sorted(p.name for p in report.parent.iterdir()) == ["test-patches.xml"]
