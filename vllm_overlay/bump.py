@@ -26,7 +26,7 @@ from packaging.version import InvalidVersion, Version
 from vllm_overlay import apply, dependencies, export, sources
 from vllm_overlay import lock as lockfile
 from vllm_overlay.lock import Artifact, Lock
-from vllm_overlay.series import PATCH_FILE_TRAILER, Patch
+from vllm_overlay.series import PATCH_FILE_TRAILER, Patch, as_git_am_reads
 from vllm_overlay.store import Store
 
 STATE_FILE = "vllm-overlay-bump.json"
@@ -85,8 +85,11 @@ def check_direction(old_version: str, new_version: str, allow_downgrade: bool) -
 
 
 def with_patch_file_trailer(patch: Patch) -> bytes:
-    """The patch text with a Patch-File trailer, so export writes the refreshed patch to the same file."""
-    text = patch.raw.decode("utf-8")
+    """The patch text with a Patch-File trailer, so export writes the refreshed patch to the same file.
+
+    Read as git am reads it (a CRLF mail gets LF endings), so the trailer lands before its ``---``.
+    """
+    text = as_git_am_reads(patch.raw).decode("utf-8")
     head, sep, rest = text.partition("\n---\n")
     return (head.rstrip("\n") + f"\n{PATCH_FILE_TRAILER}: {patch.name}" + sep + rest).encode("utf-8")
 

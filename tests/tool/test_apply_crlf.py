@@ -62,3 +62,17 @@ def test_crlf_mail_merged_3way_commits_what_it_classified(project, make_patch, u
     assert (code, statuses(report)) == (0, ["merged-3way"])
     plain = plain_git_am_tree(drifted, path, tmp_path / "plain", "--3way", objects=store_env / "upstreams.git")
     assert plain == (0, patched_tree(project))
+
+
+def test_bump_marks_a_crlf_mail_with_its_file_before_the_diff(project, make_patch, upstream_dir):
+    """bump re-applies each patch with a Patch-File trailer; a CRLF mail must get it in its message."""
+    from vllm_overlay import bump
+
+    path = make_patch(upstream_dir, change_line_20, "core: change line 20")
+    lf = bump.with_patch_file_trailer(series.load_patch(project / "patches", "demo/core-change-line-20.patch"))
+    to_crlf(path)
+    crlf = bump.with_patch_file_trailer(series.load_patch(project / "patches", "demo/core-change-line-20.patch"))
+    assert crlf == lf
+    head, sep, diff = crlf.decode().partition("\n---\n")
+    assert sep and head.endswith(f"\n{series.PATCH_FILE_TRAILER}: demo/core-change-line-20.patch")
+    assert "diff --git a/vllm/core.py b/vllm/core.py" in diff
