@@ -47,7 +47,7 @@ class OutputBusy(RuntimeError):
 
     def __init__(self, output: Path, holder: int | None) -> None:
         who = f"pid {holder}" if holder else "another process"
-        super().__init__(f"{output} is being written by {who} (another apply run); try again when it has finished")
+        super().__init__(f"{output} is being written by {who} (another run of this tool); try again when it is done")
         self.output = output
         self.holder = holder
 

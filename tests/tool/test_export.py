@@ -115,3 +115,23 @@ def test_export_during_a_stopped_rebase_is_refused(project, make_patch, upstream
         repo.git.rebase("--continue")
     assert cli.main(["export-patches", "--project", str(project)]) == 0
     assert snapshot(project / "patches") == before
+
+
+def test_export_waits_for_or_refuses_a_run_writing_its_input_or_output(
+    project, make_patch, upstream_dir, store_env, capsys
+):
+    """The patched tree is read under its lock (apply-patches holds it while replacing the tree), and
+    patches/ is written under its own; --check only reads."""
+    from vllm_overlay import staging
+
+    make_patch(upstream_dir, change_line_20, "core: change line 20")
+    assert run_apply(project, upstream_dir)[0] == 0
+    argv = ["export-patches", "--project", str(project)]
+    assert cli.main(argv) == 0  # the first export normalises the hand-made series file
+    for held in (project / "build" / "patched", project / "patches"):
+        with staging.output_lock(held.resolve()):
+            capsys.readouterr()
+            assert cli.main([*argv, "--no-wait"]) == 2
+            assert f"{held.resolve()} is being written by pid" in capsys.readouterr().err
+            assert cli.main([*argv, "--check", "--no-wait"]) == (2 if held.name == "patched" else 0)
+    assert cli.main([*argv, "--no-wait"]) == 0

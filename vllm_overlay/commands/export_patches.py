@@ -4,21 +4,33 @@ Every commit after the upstream commit becomes one git-format-patch file. Export
 series changes no byte. With --check nothing is written: the command prints the difference and
 exits 1 if patches/ is stale (exit 0 when up to date). After writing, the generated parts of the
 Dockerfile (series block, provenance defaults: what `docker build .` reads) are brought in line.
+
+It reads the patched repository under that tree's lock (an apply-patches run replacing it is
+waited for) and writes patches/ under patches/'s own lock (one export at a time); --no-wait exits 2
+instead of waiting.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
-from vllm_overlay import export, image, lock, output, project, series
+from vllm_overlay import export, image, lock, output, project, series, staging
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     project.add_project_argument(parser)
     parser.add_argument("--repo", type=Path, default=None, help="patched repository (default: build/patched)")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 and show the diff if stale")
+    parser.add_argument(
+        "--no-wait",
+        dest="wait",
+        action="store_false",
+        help="exit 2 if another run is writing the patched repository or patches/, instead of waiting",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -27,6 +39,25 @@ def run(args: argparse.Namespace) -> int:
     if not repo_dir.is_dir():
         output.error(f"{repo_dir}: no patched repository; run scripts/apply-patches first")
         return 2
+
+    def waiting(path: Path) -> Callable[[int | None], None]:
+        return lambda pid: output.info(
+            f"waiting for {'pid ' + str(pid) if pid else 'another process'}, which is writing {path} "
+            "(--no-wait to give up instead)"
+        )
+
+    try:
+        with contextlib.ExitStack() as locks:
+            locks.enter_context(staging.output_lock(repo_dir, wait=args.wait, on_wait=waiting(repo_dir)))
+            if not args.check:
+                locks.enter_context(staging.output_lock(proj.patches, wait=args.wait, on_wait=waiting(proj.patches)))
+            return _export(args, proj, repo_dir)
+    except staging.OutputBusy as exc:
+        output.error(str(exc))
+        return 2
+
+
+def _export(args: argparse.Namespace, proj: project.Project, repo_dir: Path) -> int:
     try:
         wanted = export.rendered(export.export_commits(repo_dir))
     except export.ExportError as exc:
