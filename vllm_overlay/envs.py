@@ -16,6 +16,7 @@ tool never deletes what it did not create).
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import os
 import shutil
 import subprocess
@@ -24,6 +25,8 @@ import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+
+from packaging.requirements import Requirement
 
 from vllm_overlay import indexes, output, record
 from vllm_overlay.lock import Lock
@@ -45,7 +48,7 @@ TEST_REQUIREMENTS = (
 # Modules that must import in an environment given with --env.
 REQUIRED_MODULES = ("pytest", "pytest_timeout", "tblib")
 TOOL_PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
-FALLBACK_TOOL_REQUIREMENTS = ("unidiff>=0.7.5", "GitPython>=3.1.40", "tqdm>=4.66", "packaging>=23")
+TOOL_DISTRIBUTION = "vllm-overlay"
 
 
 class EnvError(RuntimeError):
@@ -71,12 +74,24 @@ class Env:
 
 
 def tool_requirements() -> list[str]:
-    """The tool's own dependencies, as its pyproject.toml states them."""
+    """The tool's own dependencies: its pyproject.toml in a checkout, else the installed distribution's.
+
+    An installed tool (``pip install .``, as the Dockerfile's first stage does) has no pyproject.toml
+    beside it; its Requires-Dist says the same, extras left out.
+    """
     try:
         data = tomllib.loads(TOOL_PYPROJECT.read_text(encoding="utf-8"))
         return list(data["project"]["dependencies"])
     except (OSError, KeyError, tomllib.TOMLDecodeError):
-        return list(FALLBACK_TOOL_REQUIREMENTS)
+        pass
+    try:
+        declared = importlib.metadata.requires(TOOL_DISTRIBUTION) or []
+    except importlib.metadata.PackageNotFoundError as exc:
+        raise EnvError(
+            f"no {TOOL_PYPROJECT} and no installed {TOOL_DISTRIBUTION} distribution to read the "
+            "tool's dependencies from"
+        ) from exc
+    return [text for text in declared if (marker := Requirement(text).marker) is None or marker.evaluate({"extra": ""})]
 
 
 def requirements(lock: Lock) -> list[str]:

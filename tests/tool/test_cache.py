@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from vllm_overlay import cache, cli, lock
 from vllm_overlay.store import Store
 
@@ -58,3 +60,17 @@ def test_listing_an_empty_cache(project, store_env, capsys):
 
 def test_dry_run_needs_prune(project, store_env):
     assert cli.main(["cache", "--project", str(project), "--dry-run"]) == 2
+
+
+def test_tool_requirements_of_an_installed_tool_come_from_its_metadata(tmp_path, monkeypatch):
+    """Without pyproject.toml beside the package (pip install ., the Dockerfile's tool stage), the
+    installed distribution's Requires-Dist gives the same list, extras left out (and the same env key)."""
+    from vllm_overlay import envs
+
+    from_checkout = envs.tool_requirements()
+    monkeypatch.setattr(envs, "TOOL_PYPROJECT", tmp_path / "absent" / "pyproject.toml")
+    assert envs.tool_requirements() == from_checkout
+    assert not any("extra" in text or text.startswith("pytest") for text in from_checkout)
+    monkeypatch.setattr(envs, "TOOL_DISTRIBUTION", "vllm-overlay-not-installed")
+    with pytest.raises(envs.EnvError, match="dependencies"):
+        envs.tool_requirements()
