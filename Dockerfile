@@ -22,7 +22,8 @@
 #   PIP_INDEX_URL, PIP_EXTRA_INDEX_URL, PIP_TRUSTED_HOST   the package index the first stage reads
 #   OVERLAY_REVISION, OVERLAY_SOURCE   label values: e.g. $(git rev-parse HEAD) and the clone URL
 
-# The locked base (upstream.lock [base-image]; name@digest once the lock holds a digest).
+# The locked base (upstream.lock [base-image]; name@digest once the lock holds a digest). Written by
+# scripts/build-image --sync-dockerfile, as are the provenance defaults below.
 ARG BASE_IMAGE="vllm/vllm-openai:v0.33.0"
 ARG TOOL_IMAGE=python:3.12-bookworm
 

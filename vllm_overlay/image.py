@@ -393,13 +393,6 @@ def render_dockerfile(template: str, block: str, defaults: dict[str, str], *, st
     return text
 
 
-def dockerfile_block(project: Project) -> str | None:
-    """The series block as it stands in the project's Dockerfile (None when there is none)."""
-    text = (project.root / "Dockerfile").read_text(encoding="utf-8")
-    match = _section(BLOCK_BEGIN, BLOCK_END).search(text)
-    return match.group(0) if match else None
-
-
 def current_dockerfile(project: Project, staging: Staging) -> tuple[str, str]:
     """(the project's Dockerfile, what it must be for this staging: series block and defaults)."""
     if staging.root_defaults is None:
