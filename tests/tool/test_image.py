@@ -342,3 +342,10 @@ def test_export_brings_the_dockerfile_in_line(image_project, make_patch, upstrea
     assert after != before
     assert not list((image_project / "build").glob(".dockerfile-sync-*"))  # the scratch staging is gone
     assert cli.main([*argv, "--check-dockerfile"]) == 0
+    # patches/ already current (an earlier export wrote it) but the Dockerfile stale: still brought in line.
+    dockerfile = image_project / "Dockerfile"
+    dockerfile.write_text(after.replace('ARG OVERLAY_SERIES="alpha,beta"', 'ARG OVERLAY_SERIES="alpha"'))
+    capsys.readouterr()
+    assert cli.main(["export-patches", "--project", str(image_project)]) == 0
+    assert "updated the generated parts of Dockerfile" in capsys.readouterr().out
+    assert dockerfile.read_text() == after

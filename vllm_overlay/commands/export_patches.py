@@ -75,8 +75,7 @@ def _export(args: argparse.Namespace, proj: project.Project, repo_dir: Path) -> 
     for name in changed:
         output.result(f"wrote patches/{name}")
     output.info(f"{len(wanted) - 1} patches exported; {len(changed)} file(s) changed")
-    if changed:
-        refresh_dockerfile(proj)
+    refresh_dockerfile(proj)  # also when patches/ was already written by an earlier export
     return 0
 
 
@@ -85,7 +84,10 @@ def refresh_dockerfile(proj: project.Project) -> None:
     try:
         lines = image.refresh_project_dockerfile(proj, lock.load(proj.lock_file), series.load_series(proj.patches))
     except (lock.LockError, series.SeriesError, image.ImageError) as exc:
-        output.warn(f"Dockerfile not updated ({exc}); run scripts/build-image --stage-only --sync-dockerfile")
+        output.warn(
+            f"Dockerfile not updated ({exc}); run scripts/apply-patches (a commit exported for the first time "
+            "gets its Patch-File trailer there), then scripts/build-image --stage-only --sync-dockerfile"
+        )
         return
     if lines:
         output.result(f"updated the generated parts of Dockerfile ({lines} line(s)): commit it with patches/")
