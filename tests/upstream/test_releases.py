@@ -42,6 +42,7 @@ LOADER_DRAFT = "loader-layouts/model-loader-release-a-draft-s-unloaded-lm-head-b
 ROUTES = "route-sanitization/fused-moe-keep-padding-routes-out-of-the-flashinfer-b12x-moe.patch"
 WORKSPACE = "workspace-reuse/fused-moe-share-b12x-moe-wrapper-buffers-between-identical.patch"
 LOADER_DTYPE = "loader-layouts/qwen4-exp-refuse-ple-checkpoint-tables-that-quantized.patch"
+LOADER_ROWS = "loader-layouts/qwen4-exp-refuse-a-ple-table-whose-checkpoint-lacks-a-row.patch"
 DRAFT_MOE = "workspace-reuse/fused-moe-let-an-unquantized-draft-moe-fall-back-from-the.patch"
 BYTES = "byte-accounting/platforms-size-hybrid-kv-pages-by-the-bytes-each-layer-holds.patch"
 OFFLOAD = "queue-event-ownership/simple-kv-offload-give-each-store-its-own-event-flush-queued.patch"
@@ -72,6 +73,8 @@ PROGRESS_TARGETS = {
     "vllm.v1.engine.core_client:MPClient.__init__",
 }
 DTYPE_TARGETS = PLE_LOADER | {"vllm.models.qwen4_exp.nvidia.ngram_embedding:Qwen4ExpNGramEmbedding.load_weights"}
+PLE_METHODS = "vllm.models.qwen4_exp.common.ngram_embedding:Qwen4ExpPLE{}EmbeddingMethod.process_weights_after_loading"
+ROWS_TARGETS = DTYPE_TARGETS | {PLE_METHODS.format("NvFp4")}  # the NVFP4 method has no such hook before 0.33.0
 SHARING = {
     "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer._maybe_share_embeddings",
     "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer.load_model",
@@ -88,6 +91,7 @@ OLDER = {  # the rows 0.31.0 and 0.30.0 share
     LOADER_FULL: ("conflict", "resolve", ENGRAM),
     LOADER_WIDTH: ("merged-3way", "resolve", PLE_LOADER),
     LOADER_DTYPE: ("conflict", "resolve", DTYPE_TARGETS),
+    LOADER_ROWS: ("conflict", "resolve", ROWS_TARGETS),
     LOADER_DRAFT: ("conflict", "resolve", DRAFT_LOADERS),
     ROUTES: ("offset", "refresh", B12X_INIT),
     WORKSPACE: ("clean", "refresh", set()),  # refresh: flashinfer's wrapper API differs there
@@ -99,6 +103,8 @@ OLDER = {  # the rows 0.31.0 and 0.30.0 share
 EXPECTED = {
     "0.30.0": {
         **OLDER,
+        # 0.30.0 has no common/ngram_embedding.py (its PLE methods live in nvidia/ngram_embedding.py).
+        LOADER_ROWS: ("target-missing", "resolve", ROWS_TARGETS | {PLE_METHODS.format("Fp8")}),
         LOADER_DRAFT: (
             "conflict",
             "resolve",
@@ -115,6 +121,7 @@ EXPECTED = {
         LOADER_FULL: ("conflict", "resolve", ENGRAM),
         LOADER_WIDTH: ("merged-3way", "resolve", PLE_LOADER),
         LOADER_DTYPE: ("conflict", "resolve", DTYPE_TARGETS),
+        LOADER_ROWS: ("conflict", "resolve", ROWS_TARGETS),
         LOADER_DRAFT: ("merged-3way", "refresh", SHARING),
         ROUTES: ("offset", "refresh", set()),
         WORKSPACE: ("clean", "refresh", set()),
