@@ -1,12 +1,8 @@
 """The image check (scripts/ci-image): the real Dockerfile built FROM a local stand-in base, then tampered.
 
-No registry is reachable on CI machines, so the vllm/vllm-openai base is replaced by a stand-in: a
-minimal Debian root filesystem with python3 (debootstrap, cached in the tool's store) holding the
-pristine vllm .py files and dist-info of the locked release (the files the checks read; its RECORD
-trimmed to them), copied from an interpreter that has them installed (--python; checked against
-RECORD first) into the stand-in's system site-packages
-(/usr/local/lib/python3.X/dist-packages: the same scheme as the vllm-openai image, whose Python may
-differ; the Dockerfile is told the path and proves it). Then:
+No registry is reachable on CI machines, so the vllm/vllm-openai base is replaced by a stand-in with
+the pristine vllm .py files and dist-info of the locked release (vllm_overlay.standins says how each
+stand-in is made). Then:
 
   1. scripts/build-image builds the real Dockerfile on the stand-in and verifies inside the image;
   2. a second --no-cache build must give the same layer digests (reproducible layers);
@@ -29,8 +25,7 @@ differ; the Dockerfile is told the path and proves it). Then:
 
 buildah runs with its own storage under the store (CONTAINERS_STORAGE_CONF), driver --storage-driver
 (overlay by default; vfs works everywhere but copies the ~1 GB base at every step).
-The stand-in's Debian root filesystem comes from the machine's own apt sources (/etc/apt/sources.list,
-sources.list.d/*.list and *.sources; ``apt_mirror``) unless --mirror names one.
+The stand-ins' Debian root filesystems come from the machine's own apt sources unless --mirror names one.
 Needs root, buildah and debootstrap (Debian: apt-get install buildah debootstrap).
 
 Exit codes (run_checks): 0 every check passed; 1 a check failed; 2 usage, input or environment error.
@@ -38,101 +33,36 @@ Exit codes (run_checks): 0 every check passed; 1 a check failed; 2 usage, input 
 
 from __future__ import annotations
 
-import csv
-import json
 import os
-import shutil
-import ssl
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import git
-
-from vllm_overlay import engine, envs, image, indexes, lock, output, project, record, sbom, series, shadow, sources
+from vllm_overlay import engine, envs, image, indexes, lock, output, project, sbom, series
+from vllm_overlay.standins import (
+    NONROOT_ENTRYPOINT,
+    NONROOT_HOME,
+    NONROOT_USER,
+    STANDIN,
+    TOOL_PACKAGES,
+    TOOL_STANDIN,
+    apt_mirror,
+    machine_ca_bundle,
+    make_nonroot_standin,
+    make_standin,
+    make_tool_standin,
+    nonroot_entrypoint,
+    rootfs_tar,
+    sh,
+)
 from vllm_overlay.store import Store
-from vllm_overlay.targets import commit_reader
 
-STANDIN = "localhost/vllm-openai-standin:v{version}-py"  # -py: carries the .py files only (see carry_files)
-CARRIED_SUFFIXES = (".py",)
 TAG = "localhost/vllm-overlay-ci:latest"
 ROOT_TAG = "localhost/vllm-overlay-ci:root-build"
 NONROOT_TAG = "localhost/vllm-overlay-ci:nonroot"
-# The first stage of the project's Dockerfile needs python3 (3.11.4+, with venv), git and CA certificates:
-# Debian trixie's (3.13; bookworm's 3.11.2 lacks tarfile's data filter).
-TOOL_STANDIN = "localhost/vllm-overlay-tool-standin:{suite}"
-TOOL_PACKAGES = ("python3", "python3-venv", "git", "ca-certificates")
-NONROOT_USER = "vllm"
-NONROOT_HOME = "/home/vllm"
-NONROOT_ENTRYPOINT = "/usr/local/bin/vllm-nonroot-entrypoint.sh"
-NONROOT_ENTRYPOINT_SOURCE = "docker/entrypoints/vllm-nonroot-entrypoint.sh"  # in the locked release
-# vLLM's console script needs torch and a GPU; the wrapper's `exec vllm serve` reaches this stand-in,
-# which says who runs it and proves the overlay from that process.
-VLLM_STUB = """#!/bin/sh
-echo "vllm stand-in: args '$*', user $(id -un) uid $(id -u) gid $(id -g), HOME=$HOME, cwd $(pwd)"
-exec python3 -m vllm_overlay_status verify
-"""
 TAMPER_LINE = "# tampered by ci-image\n"
-
-
-def _sh(*argv: str, env: dict | None = None) -> str:
-    result = subprocess.run(list(argv), capture_output=True, text=True, check=False, env=env)
-    if result.returncode != 0:
-        raise engine.EngineError(f"{' '.join(argv[:3])}...: {(result.stderr or result.stdout).strip()[-2000:]}")
-    return result.stdout.strip()
-
-
-def _deb822_sources(text: str) -> list[tuple[list[str], list[str]]]:
-    """(URIs, Suites) of each ``Types: deb`` stanza of a deb822 .sources file."""
-    found = []
-    for stanza in text.split("\n\n"):
-        fields: dict[str, str] = {}
-        for line in stanza.splitlines():
-            if line.startswith("#") or ":" not in line or line[:1].isspace():
-                continue
-            name, _, value = line.partition(":")
-            fields[name.strip().lower()] = value.strip()
-        if "deb" in fields.get("types", "").split() and fields.get("enabled", "yes").lower() != "no":
-            found.append((fields.get("uris", "").split(), fields.get("suites", "").split()))
-    return found
-
-
-def _one_line_sources(text: str) -> list[tuple[list[str], list[str]]]:
-    """(URIs, Suites) of each ``deb [options] URI suite components`` line."""
-    found = []
-    for line in text.splitlines():
-        body = line.split("#", 1)[0].strip()
-        if not body.startswith("deb "):
-            continue
-        rest = body[4:].strip()
-        if rest.startswith("["):
-            rest = rest.split("]", 1)[-1]
-        words = rest.split()
-        if len(words) >= 2:
-            found.append(([words[0]], [words[1]]))
-    return found
-
-
-def apt_mirror(apt_dir: Path = Path("/etc/apt")) -> str:
-    """The Debian archive this machine installs from (its apt sources), for debootstrap.
-
-    The first ``deb`` source whose suites include a release suite (not -security, -updates or
-    -backports): sources.list first, then sources.list.d/*.list and *.sources (deb822).
-    """
-    entries: list[tuple[list[str], list[str]]] = []
-    files = [apt_dir / "sources.list", *sorted((apt_dir / "sources.list.d").glob("*.list"))]
-    for path in files:
-        if path.is_file():
-            entries += _one_line_sources(path.read_text(encoding="utf-8", errors="replace"))
-    for path in sorted((apt_dir / "sources.list.d").glob("*.sources")):
-        entries += _deb822_sources(path.read_text(encoding="utf-8", errors="replace"))
-    for uris, suites in entries:
-        if uris and any("-" not in suite and "/" not in suite for suite in suites):
-            return uris[0]
-    raise engine.EngineError(f"no Debian release source in {apt_dir}/sources.list(.d): pass --mirror URL")
 
 
 def _storage(store_root: Path, driver: str) -> None:
@@ -147,174 +77,6 @@ def _storage(store_root: Path, driver: str) -> None:
     os.environ["CONTAINERS_STORAGE_CONF"] = str(conf)
     os.environ.pop("STORAGE_DRIVER", None)
     os.environ.setdefault("BUILDAH_ISOLATION", "chroot")
-
-
-def _rootfs_tar(store_root: Path, suite: str, mirror: str, packages: tuple[str, ...] = ("python3",)) -> Path:
-    name = "python3" if packages == ("python3",) else "tool"
-    tar = store_root / "ci" / f"debian-{suite}-{name}.tar"
-    if tar.exists():
-        return tar
-    if shutil.which("debootstrap") is None:
-        raise engine.EngineError("debootstrap is not installed (Debian: apt-get install debootstrap)")
-    tar.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=tar.parent) as work:
-        root = Path(work) / "rootfs"
-        output.info(f"      debootstrap {suite} (minbase + {', '.join(packages)}) from {mirror}; once, then cached")
-        _sh("debootstrap", "--variant=minbase", f"--include={','.join(packages)}", suite, str(root), mirror)
-        shutil.rmtree(root / "var" / "cache" / "apt" / "archives", ignore_errors=True)
-        (root / "var" / "cache" / "apt" / "archives" / "partial").mkdir(parents=True, exist_ok=True)
-        partial = tar.with_suffix(".partial")
-        _sh("tar", "--sort=name", "--numeric-owner", "-C", str(root), "-cf", str(partial), ".")
-        os.replace(partial, tar)
-    return tar
-
-
-def carry_files(site: Path, dist_info: Path, target: Path) -> tuple[int, int]:
-    """Copy into ``target`` what the image checks read: vllm's .py files and its dist-info.
-
-    The checks verify every file RECORD lists, import nothing compiled, and tamper with .py files;
-    the package's ~820 MB of compiled extensions and headers are never read, and copying and
-    committing them was most of a cold stand-in (564 s of 673 s). The stand-in's RECORD lists
-    exactly the files it carries, with the wheel's own hashes, so "the package is its RECORD"
-    still holds file for file. Returns (files, bytes) copied.
-    """
-    record_rel = f"{dist_info.name}/RECORD"
-    rows = list(csv.reader((dist_info / "RECORD").read_text(encoding="utf-8").splitlines()))
-    kept = []
-    size = 0
-    for row in rows:
-        rel = row[0]
-        in_package = rel.startswith("vllm/") and rel.endswith(CARRIED_SUFFIXES)
-        if rel == record_rel or not (in_package or rel.startswith(dist_info.name + "/")):
-            continue
-        source = site / rel
-        dest = target / rel
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(source, dest)
-        size += source.stat().st_size
-        kept.append(row)
-    with open(target / record_rel, "w", encoding="utf-8", newline="") as handle:
-        csv.writer(handle, lineterminator="\n").writerows([*kept, [record_rel, "", ""]])
-    return len(kept), size
-
-
-def make_standin(eng: engine.Engine, ref: str, the_lock: lock.Lock, python: str, tar: Path) -> str:
-    """Build the stand-in base; return the site-packages path vllm has in it."""
-    package = shadow.installed_package_dir(python)
-    site = package.parent
-    dist = record.find_distribution(site, "vllm")
-    if dist is None or dist.metadata["Version"] != the_lock.version:
-        raise engine.EngineError(
-            f"{site}: no vllm {the_lock.version} dist-info (found {dist and dist.metadata['Version']})"
-        )
-    problems = record.verify_distribution(site, "vllm")
-    if problems:
-        raise engine.EngineError(f"{site}: vllm is not pristine ({len(problems)} problem(s), first: {problems[0]})")
-    container = _sh(eng.exe, "from", "scratch").splitlines()[-1]
-    try:
-        mount = Path(_sh(eng.exe, "mount", container))
-        _sh("tar", "-C", str(mount), "-xf", str(tar))
-        purelib = _sh(
-            eng.exe, "run", container, "--", "python3", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"
-        ).splitlines()[-1]
-        target = mount / purelib.lstrip("/")
-        target.mkdir(parents=True, exist_ok=True)
-        files, size = carry_files(site, Path(dist._path), target)  # type: ignore[attr-defined]
-        output.info(
-            f"      stand-in carries {files:,} files of vllm ({size / 1e6:.0f} MB): the .py files and dist-info"
-        )
-        _sh(
-            eng.exe,
-            "config",
-            "--label",
-            "vllm-overlay.stand-in=true",
-            "--env",
-            "VLLM_STANDIN_SITE=" + purelib,
-            container,
-        )
-        _sh(eng.exe, "commit", "-q", container, ref)
-    finally:
-        subprocess.run([eng.exe, "rm", container], capture_output=True, check=False)
-    return purelib
-
-
-def machine_ca_bundle() -> Path | None:
-    """The CA bundle this machine reaches the index with: pip's ``cert``, else OpenSSL's default file."""
-    for candidate in (indexes.pip_cert(), ssl.get_default_verify_paths().cafile):
-        if candidate and Path(candidate).is_file():
-            return Path(candidate)
-    return None
-
-
-def make_tool_standin(eng: engine.Engine, ref: str, tar: Path, ca_bundle: Path | None) -> None:
-    """The first stage's stand-in: the Debian root filesystem of TOOL_PACKAGES, trusting what this machine trusts.
-
-    A machine whose egress re-signs TLS (a corporate proxy) reaches the index only with its own CA
-    bundle; a team there uses a tool image that trusts that CA, and so does this stand-in: the
-    bundle replaces the image's, and PIP_CERT names it (pip otherwise trusts only its vendored certifi).
-    """
-    container = _sh(eng.exe, "from", "scratch").splitlines()[-1]
-    try:
-        mount = Path(_sh(eng.exe, "mount", container))
-        _sh("tar", "-C", str(mount), "-xf", str(tar))
-        config = ["--label", "vllm-overlay.stand-in=tool"]
-        if ca_bundle is not None:
-            target = mount / "etc" / "ssl" / "certs" / "ca-certificates.crt"
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.unlink(missing_ok=True)
-            shutil.copyfile(ca_bundle, target)
-            config += ["--env", "PIP_CERT=/etc/ssl/certs/ca-certificates.crt"]
-            output.info(f"      tool stand-in trusts this machine's CA bundle ({ca_bundle})")
-        _sh(eng.exe, "config", *config, container)
-        _sh(eng.exe, "commit", "-q", container, ref)
-    finally:
-        subprocess.run([eng.exe, "rm", container], capture_output=True, check=False)
-
-
-def nonroot_entrypoint(the_lock: lock.Lock, store: Store) -> str:
-    """vLLM's own non-root entrypoint wrapper, read from the locked release in the upstream cache."""
-    upstream = sources.obtain(None, the_lock, store)
-    text = commit_reader(git.Repo(store.upstreams_git), upstream.commit)(NONROOT_ENTRYPOINT_SOURCE)
-    if text is None:
-        raise engine.EngineError(f"vllm {the_lock.version} has no {NONROOT_ENTRYPOINT_SOURCE}")
-    return text + "\n"
-
-
-def make_nonroot_standin(eng: engine.Engine, base: str, ref: str, wrapper: str) -> None:
-    """``base`` made like vLLM's vllm-openai-nonroot target (its docker/Dockerfile, 0.33.0).
-
-    The user is created as vLLM's vllm-base stage does (uid 2000, gid 0, group-0 writable home,
-    /etc/passwd group-writable for the wrapper); then USER, WORKDIR and ENTRYPOINT as the target sets them.
-    """
-    container = _sh(eng.exe, "from", "--pull=never", base).splitlines()[-1]
-    try:
-        mount = Path(_sh(eng.exe, "mount", container))
-        script = (
-            f"useradd --uid 2000 --gid 0 --create-home --home-dir {NONROOT_HOME} --shell /bin/bash {NONROOT_USER}"
-            f" && chmod -R g+rwX {NONROOT_HOME} && chgrp 0 /etc/passwd /etc/group && chmod g=u /etc/passwd /etc/group"
-        )
-        _sh(eng.exe, "run", container, "--", "sh", "-c", script)
-        for rel, text in ((NONROOT_ENTRYPOINT, wrapper), ("/usr/local/bin/vllm", VLLM_STUB)):
-            path = mount / rel.lstrip("/")
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text, encoding="utf-8")
-            path.chmod(0o755)
-        _sh(
-            eng.exe,
-            "config",
-            "--user",
-            NONROOT_USER,
-            "--workingdir",
-            NONROOT_HOME,
-            "--entrypoint",
-            json.dumps([NONROOT_ENTRYPOINT]),
-            "--label",
-            "vllm-overlay.stand-in=nonroot",
-            container,
-        )
-        _sh(eng.exe, "commit", "-q", container, ref)
-    finally:
-        subprocess.run([eng.exe, "rm", container], capture_output=True, check=False)
 
 
 def index_build_args() -> dict[str, str]:
@@ -449,14 +211,14 @@ def run_checks(proj: project.Project, options: Options, build: Build) -> int:
         ref = STANDIN.format(version=the_lock.version)
         output.info(f"== stand-in base {ref} (storage: {args.storage_driver})")
         if args.rebuild_base and eng.image_exists(ref):
-            _sh(eng.exe, "rmi", "-f", ref)
+            sh(eng.exe, "rmi", "-f", ref)
         if eng.image_exists(ref):
             site = eng.inspect(ref)["OCIv1"]["config"]["Env"]
             site = next(e.split("=", 1)[1] for e in site if e.startswith("VLLM_STANDIN_SITE="))
             figures.append("stand-in base: present (cached)")
         else:
             started = time.monotonic()
-            tar = _rootfs_tar(store.root, args.suite, args.mirror or apt_mirror())
+            tar = rootfs_tar(store.root, args.suite, args.mirror or apt_mirror())
             after_rootfs = time.monotonic()
             python = args.python or str(envs.ensure(the_lock, store).python)
             site = make_standin(eng, ref, the_lock, python, tar)
@@ -526,10 +288,10 @@ def run_checks(proj: project.Project, options: Options, build: Build) -> int:
         replaced = sorted(staging.manifest["files"])
         victims = ([replaced[0]] if replaced else []) + ["vllm/envs.py"]
         for rel in victims:
-            container = _sh(eng.exe, "from", "--pull=never", TAG).splitlines()[-1]
+            container = sh(eng.exe, "from", "--pull=never", TAG).splitlines()[-1]
             try:
-                _sh(eng.exe, "run", container, "--", "sh", "-c", f"echo '{TAMPER_LINE.strip()}' >> {site}/{rel}")
-                _sh(eng.exe, "commit", "-q", container, "localhost/vllm-overlay-ci:tampered")
+                sh(eng.exe, "run", container, "--", "sh", "-c", f"echo '{TAMPER_LINE.strip()}' >> {site}/{rel}")
+                sh(eng.exe, "commit", "-q", container, "localhost/vllm-overlay-ci:tampered")
             finally:
                 subprocess.run([eng.exe, "rm", container], capture_output=True, check=False)
             code, text = eng.run(
@@ -554,10 +316,10 @@ def run_checks(proj: project.Project, options: Options, build: Build) -> int:
                 raise engine.EngineError("--root-build compares at the series' own epoch: unset SOURCE_DATE_EPOCH")
             tool = TOOL_STANDIN.format(suite=args.tool_suite)
             if args.rebuild_base and eng.image_exists(tool):
-                _sh(eng.exe, "rmi", "-f", tool)
+                sh(eng.exe, "rmi", "-f", tool)
             if not eng.image_exists(tool):
                 started = time.monotonic()
-                rootfs = _rootfs_tar(store.root, args.tool_suite, args.mirror or apt_mirror(), TOOL_PACKAGES)
+                rootfs = rootfs_tar(store.root, args.tool_suite, args.mirror or apt_mirror(), TOOL_PACKAGES)
                 make_tool_standin(eng, tool, rootfs, machine_ca_bundle())
                 figures.append(f"tool stand-in {tool} created in {time.monotonic() - started:.0f} s")
             context = RootBuild(ref, tool, site, staging.source_date_epoch, second, eng.labels(TAG))

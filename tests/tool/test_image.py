@@ -250,7 +250,7 @@ def test_stage_only_needs_no_engine(image_project, upstream_dir, store_env, caps
 
 
 def test_stand_in_mirror_comes_from_the_machines_apt_sources(tmp_path: Path) -> None:
-    from vllm_overlay import engine, image_ci
+    from vllm_overlay import engine, standins
 
     apt = tmp_path / "apt"
     (apt / "sources.list.d").mkdir(parents=True)
@@ -260,20 +260,20 @@ def test_stand_in_mirror_comes_from_the_machines_apt_sources(tmp_path: Path) -> 
         "Types: deb\nURIs: http://archive.example.invalid/debian\nSuites: bookworm bookworm-updates\n"
         "Components: main\n"
     )
-    assert image_ci.apt_mirror(apt) == "http://archive.example.invalid/debian"
+    assert standins.apt_mirror(apt) == "http://archive.example.invalid/debian"
     (apt / "sources.list").write_text(
         "# deb http://old.example.invalid/debian bookworm main\n"
         "deb [signed-by=/k.gpg] http://one-line.example.invalid/debian bookworm main\n"
     )
-    assert image_ci.apt_mirror(apt) == "http://one-line.example.invalid/debian"  # sources.list comes first
+    assert standins.apt_mirror(apt) == "http://one-line.example.invalid/debian"  # sources.list comes first
     empty = tmp_path / "empty"
     (empty / "sources.list.d").mkdir(parents=True)
     with pytest.raises(engine.EngineError, match="--mirror"):
-        image_ci.apt_mirror(empty)
+        standins.apt_mirror(empty)
 
 
 def test_stand_in_carries_the_py_files_with_a_record_of_exactly_them(tmp_path: Path) -> None:
-    from vllm_overlay import image_ci, record
+    from vllm_overlay import record, standins
 
     site = tmp_path / "site"
     files = {"vllm/__init__.py": b"", "vllm/envs.py": b"X = 1\n", "vllm/_C.abi3.so": b"\0" * 64}
@@ -293,7 +293,7 @@ def test_stand_in_carries_the_py_files_with_a_record_of_exactly_them(tmp_path: P
     assert record.verify_distribution(site, "vllm") == []
 
     target = tmp_path / "standin"
-    count, size = image_ci.carry_files(site, info, target)
+    count, size = standins.carry_files(site, info, target)
     assert count == 3 and size == len(b"X = 1\n") + len(info.joinpath("METADATA").read_bytes())
     assert not (target / "vllm" / "_C.abi3.so").exists() and not (target / "bin").exists()
     assert record.verify_distribution(target, "vllm") == []  # the stand-in is its (trimmed) RECORD
@@ -303,7 +303,7 @@ def test_stand_in_carries_the_py_files_with_a_record_of_exactly_them(tmp_path: P
 
 def test_root_build_reads_the_index_and_ca_bundle_pip_is_configured_with(tmp_path, monkeypatch):
     """ci-image --root-build: the first stage gets the machine's http(s) indexes and trusts its CA bundle."""
-    from vllm_overlay import image_ci, indexes
+    from vllm_overlay import image_ci, indexes, standins
 
     monkeypatch.delenv(indexes.ENV_VAR, raising=False)
     monkeypatch.setenv("PIP_INDEX_URL", "https://index.example.invalid/simple")
@@ -317,7 +317,7 @@ def test_root_build_reads_the_index_and_ca_bundle_pip_is_configured_with(tmp_pat
     bundle = tmp_path / "corporate-ca.pem"
     bundle.write_text("-----BEGIN CERTIFICATE-----\n")
     monkeypatch.setenv("PIP_CERT", str(bundle))
-    assert image_ci.machine_ca_bundle() == bundle
+    assert standins.machine_ca_bundle() == bundle
 
 
 def test_export_brings_the_dockerfile_in_line(image_project, make_patch, upstream_dir, store_env, capsys):
