@@ -58,16 +58,19 @@ class Engine:
             argv += ["-t", tag]
         for key, value in build_args.items():
             argv += ["--build-arg", f"{key}={value}"]
+        # --force-rm: a failed build's working container is removed too (it would hold a mounted
+        # copy of the base in the storage until someone runs `buildah rm`).
         if self.is_buildah:
             argv += [
                 "--layers",
+                "--force-rm",
                 "--isolation",
                 os.environ.get("BUILDAH_ISOLATION", "chroot"),
                 "--timestamp",
                 str(epoch),
             ]
         elif self.name == "podman":
-            argv += ["--layers", "--timestamp", str(epoch)]
+            argv += ["--layers", "--force-rm", "--timestamp", str(epoch)]
         argv.append(str(context))
         return _run(argv, stream=True).returncode
 

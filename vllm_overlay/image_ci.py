@@ -23,6 +23,8 @@ stand-in is made). Then:
      IMAGE_USER=vllm: the image keeps that user, workdir and entrypoint, and the entrypoint
      wrapper, run as vllm, reaches a verify that passes.
 
+Last, no build of the run (check 3's failing one included) may leave a working container behind.
+
 buildah runs with its own storage under the store (CONTAINERS_STORAGE_CONF), driver --storage-driver
 (overlay by default; vfs works everywhere but copies the ~1 GB base at every step).
 The stand-ins' Debian root filesystems come from the machine's own apt sources unless --mirror names one.
@@ -208,6 +210,7 @@ def run_checks(proj: project.Project, options: Options, build: Build) -> int:
         store = Store()
         _storage(store.root, args.storage_driver)
         eng = engine.find_engine("buildah")
+        containers_before = set(sh(eng.exe, "containers", "-q").split())
         ref = STANDIN.format(version=the_lock.version)
         output.info(f"== stand-in base {ref} (storage: {args.storage_driver})")
         if args.rebuild_base and eng.image_exists(ref):
@@ -335,6 +338,14 @@ def run_checks(proj: project.Project, options: Options, build: Build) -> int:
                 failures.append("docker build . over the non-root stand-in failed (see the build output above)")
             else:
                 nonroot_checks(eng, NONROOT_TAG, failures, figures)
+
+        # A build that fails (check 3's, by design) must not leave its working container, which
+        # holds a mounted copy of the base in the store, behind: every CI run would add one.
+        left = sorted(set(sh(eng.exe, "containers", "-q").split()) - containers_before)
+        if left:
+            failures.append(f"{len(left)} working container(s) left in the store: {', '.join(left)}")
+        else:
+            figures.append("no working container left in the store (failed builds included)")
     except (lock.LockError, series.SeriesError, image.ImageError, engine.EngineError, FileNotFoundError) as exc:
         output.error(str(exc))
         for line in figures:
