@@ -61,22 +61,24 @@ def configured() -> list[str]:
     return [url.rstrip("/") for url in _pip_indexes()]
 
 
-def _pip_indexes() -> list[str]:
+def _pip_options() -> object:
     # pip's option parser merges PIP_* variables, every pip.conf and pip's default index exactly
     # as `pip download` would; its internal module is the only API pip offers for that.
     from pip._internal.commands import create_command
 
     options, _ = create_command("download").parse_args([])
+    return options
+
+
+def _pip_indexes() -> list[str]:
+    options = _pip_options()
     urls = [options.index_url] if not options.no_index else []
     return [*urls, *options.extra_index_urls]
 
 
 def pip_cert() -> str | None:
     """The CA bundle pip is configured to trust (``cert``: PIP_CERT, pip.conf), None if pip's own."""
-    from pip._internal.commands import create_command
-
-    options, _ = create_command("download").parse_args([])
-    return options.cert or None
+    return _pip_options().cert or None
 
 
 def project_files(project: str) -> list[IndexEntry]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from pathlib import Path
 
 
 def info(message: str) -> None:
@@ -20,3 +22,11 @@ def error(message: str) -> None:
 def result(message: str) -> None:
     """Results (reports, tables) go to stdout so they can be piped."""
     print(message, flush=True)
+
+
+def waiting_for(path: Path) -> Callable[[int | None], None]:
+    """An ``on_wait`` for a lock on ``path``: says whose run the command waits for."""
+    return lambda pid: info(
+        f"waiting for {'pid ' + str(pid) if pid else 'another process'}, which is writing {path} "
+        "(--no-wait to give up instead)"
+    )

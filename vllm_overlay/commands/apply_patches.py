@@ -98,10 +98,7 @@ def _run(args: argparse.Namespace, proj: project.Project, target: Path) -> int:
             progress=lambda i, n, name: output.info(f"[{i}/{n}] {name}"),
             seed_base=lambda: base_upstream(args.base_upstream, the_lock, store, upstream).commit,
             wait=args.wait,
-            on_wait=lambda pid: output.info(
-                f"waiting for {'pid ' + str(pid) if pid else 'another process'}, which is writing {target} "
-                "(--no-wait to give up instead)"
-            ),
+            on_wait=output.waiting_for(target),
         )
     except (apply.ApplyError, sources.SourceError) as exc:
         output.error(str(exc))

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 from vllm_overlay import export, image, lock, output, project, series, staging
@@ -40,17 +39,11 @@ def run(args: argparse.Namespace) -> int:
         output.error(f"{repo_dir}: no patched repository; run scripts/apply-patches first")
         return 2
 
-    def waiting(path: Path) -> Callable[[int | None], None]:
-        return lambda pid: output.info(
-            f"waiting for {'pid ' + str(pid) if pid else 'another process'}, which is writing {path} "
-            "(--no-wait to give up instead)"
-        )
-
     try:
         with contextlib.ExitStack() as locks:
-            locks.enter_context(staging.output_lock(repo_dir, wait=args.wait, on_wait=waiting(repo_dir)))
-            if not args.check:
-                locks.enter_context(staging.output_lock(proj.patches, wait=args.wait, on_wait=waiting(proj.patches)))
+            # The tree first, then patches/: the same order in every export, so two never deadlock.
+            for path in [repo_dir] if args.check else [repo_dir, proj.patches]:
+                locks.enter_context(staging.output_lock(path, wait=args.wait, on_wait=output.waiting_for(path)))
             return _export(args, proj, repo_dir)
     except staging.OutputBusy as exc:
         output.error(str(exc))
