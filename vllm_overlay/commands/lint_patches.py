@@ -6,7 +6,13 @@ Upstream-Tests, Targets), touches only regular files inside the upstream tree (n
 paths, no '..', no symlinks or binary content), and every file named under Tests exists.
 With --tree, paths are also resolved against that tree to catch symlinks leaving it.
 
-Exit codes: 0 clean; 1 problems found.
+With --upstream-style [TREE] (default: build/patched, as apply-patches leaves it), the Python files
+the series changes are also checked against upstream's own ruff configuration (the upstream tree's
+pyproject.toml, as vLLM's pre-commit runs it): a patched file may have no ruff finding and no
+formatting difference that the same file in the pristine tree does not have. Findings pristine
+already has are not the series' and are not reported.
+
+Exit codes: 0 clean; 1 problems found; 2 the upstream-style check cannot run.
 """
 
 from __future__ import annotations
@@ -14,12 +20,24 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vllm_overlay import lint, output, project
+import git
+
+from vllm_overlay import export, lint, output, project, upstream_style
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     project.add_project_argument(parser)
     parser.add_argument("--tree", type=Path, default=None, help="upstream tree to resolve paths against")
+    parser.add_argument(
+        "--upstream-style",
+        type=Path,
+        nargs="?",
+        const=Path(),
+        default=None,
+        metavar="TREE",
+        help="also check the patched files against upstream's ruff configuration, pristine beside patched "
+        "(TREE: the patched repository; default build/patched)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -31,4 +49,34 @@ def run(args: argparse.Namespace) -> int:
         output.error(f"{len(problems)} problem(s) in patches/")
         return 1
     output.info("patches/: no problems")
+    if args.upstream_style is not None:
+        tree = args.upstream_style if args.upstream_style != Path() else proj.patched_tree
+        return _upstream_style(tree)
+    return 0
+
+
+def _upstream_style(tree: Path) -> int:
+    try:
+        base = export.upstream_base(git.Repo(tree))
+        report = upstream_style.check(tree, base)
+    except (
+        export.ExportError,
+        upstream_style.UpstreamStyleError,
+        git.InvalidGitRepositoryError,
+        git.NoSuchPathError,
+    ) as exc:
+        output.error(f"upstream style: {exc}")
+        return 2
+    for finding in report.new_findings:
+        output.result(f"{finding}  (not in the pristine file)")
+    for name in report.newly_unformatted:
+        output.result(f"{name}: not formatted as upstream's ruff format writes it (the pristine file is)")
+    summary = (
+        f"{len(report.files)} changed Python file(s) under the upstream ruff configuration ({base[:12]}): "
+        f"{report.pristine_findings} finding(s) pristine, {report.patched_findings} patched"
+    )
+    if not report.ok:
+        output.error(f"upstream style: {summary}; {len(report.new_findings) + len(report.newly_unformatted)} new")
+        return 1
+    output.info(f"upstream style: {summary}; none new")
     return 0
