@@ -71,6 +71,10 @@ class OutputBusy(ApplyError):
     """Another run is writing the output and ``wait`` was off."""
 
 
+class OutputNotOurs(ApplyError):
+    """The output path holds a directory or file this tool did not publish (exit 2, untouched)."""
+
+
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C or SIGTERM stopped the run; ``published`` says whether the output was already replaced."""
 
@@ -165,6 +169,10 @@ def apply_series(
     removed and the git processes still running are ended.
     """
     output = output.resolve()
+    try:
+        staging.check_replaceable(output)  # before anything is created beside it
+    except staging.OutputNotOurs as exc:
+        raise OutputNotOurs(str(exc)) from None
     output.parent.mkdir(parents=True, exist_ok=True)
     try:
         with staging.output_lock(output, wait=wait, on_wait=on_wait):
@@ -187,6 +195,10 @@ def _apply_locked(
     area: staging.StagingArea | None = None
     try:
         faults.phase("locked")
+        try:
+            staging.check_replaceable(output)  # again under the lock: another process may have written it
+        except staging.OutputNotOurs as exc:
+            raise OutputNotOurs(str(exc)) from None
         staging.remove_leftovers(output)
         area = staging.create_staging(output)
         results = _apply_in(area, patches, upstream, checkout, options, progress, seed_base)

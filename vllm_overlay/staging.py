@@ -37,6 +37,11 @@ from pathlib import Path
 from vllm_overlay import faults, interrupts
 
 OWNER_FILE = "owner"
+# Written into the git directory of every tree this tool publishes: the proof that a directory at
+# the output's path is the tool's to replace. Anything else there is the user's and is never touched.
+PUBLISHED_MARKER = "vllm-overlay-published"
+# Trees published before the marker existed carry this key in their git config (apply writes it).
+_LEGACY_CONFIG_KEY = "vllm-overlay"
 RETIRED = "retired"  # the old tree, while the two-rename fallback publishes
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
@@ -50,6 +55,48 @@ class OutputBusy(RuntimeError):
         super().__init__(f"{output} is being written by {who} (another run of this tool); try again when it is done")
         self.output = output
         self.holder = holder
+
+
+class OutputNotOurs(RuntimeError):
+    """The output path holds something this tool did not publish: replacing it would destroy it."""
+
+    def __init__(self, output: Path, why: str) -> None:
+        super().__init__(
+            f"{output} {why}, which this tool did not publish: refusing to replace it (nothing was touched). "
+            "Pass an absent or empty directory, or one an earlier run published."
+        )
+        self.output = output
+
+
+def _published_by_tool(tree: Path) -> bool:
+    git_dir = tree / ".git"
+    if (git_dir / PUBLISHED_MARKER).is_file():
+        return True
+    config = git_dir / "config"
+    try:
+        text = config.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    return f"[{_LEGACY_CONFIG_KEY}]" in text and "upstream =" in text
+
+
+def check_replaceable(output: Path) -> None:
+    """Raise OutputNotOurs unless ``output`` is absent, an empty directory, or a tree this tool published."""
+    if not output.exists() and not output.is_symlink():
+        return
+    if output.is_symlink() or not output.is_dir():
+        raise OutputNotOurs(output, "is not a directory" if not output.is_symlink() else "is a symbolic link")
+    try:
+        empty = next(output.iterdir(), None) is None
+    except OSError as exc:
+        raise OutputNotOurs(output, f"cannot be read ({exc.strerror})") from None
+    if not empty and not _published_by_tool(output):
+        raise OutputNotOurs(output, "holds files")
+
+
+def mark_published(tree: Path) -> None:
+    """Mark ``tree`` (about to be published) as this tool's, so a later run may replace it."""
+    (tree / ".git" / PUBLISHED_MARKER).write_text("published by vllm-overlay; the next run may replace this tree\n")
 
 
 def lock_path(output: Path) -> Path:
@@ -186,6 +233,7 @@ def publish(area: StagingArea, output: Path) -> None:
     """
     with interrupts.deferred():
         faults.phase("publish")
+        mark_published(area.tree)
         if not output.exists():
             os.rename(area.tree, output)
         elif not _renameat2_exchange(area.tree, output):

@@ -58,3 +58,46 @@ def test_series_entry_through_a_symlink_out_of_patches_is_refused(built, upstrea
     (built / "patches" / "series").write_text("escape.patch\n")
     assert apply_code(built, upstream_dir) == 2
     assert "outside patches/" in capsys.readouterr().err
+
+
+def _snapshot(root) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("kind", ["user-dir", "project-root", "git-repo", "file"])
+def test_output_the_tool_did_not_publish_is_refused_untouched(built, upstream_dir, tmp_path, capsys, kind):
+    """-o pointed at the user's own data (a typo, `-o .`): exit 2, every byte and sibling as it was."""
+    if kind == "project-root":
+        target = built
+    else:
+        parent = tmp_path / "home"
+        parent.mkdir()
+        target = parent / "mine"
+        if kind == "file":
+            target.write_text("notes\n")
+        else:
+            target.mkdir()
+            (target / "thesis.txt").write_text("four years of work\n")
+            if kind == "git-repo":
+                git.Repo.init(target)
+    before = _snapshot(target) if target.is_dir() else {"": target.read_bytes()}
+    siblings = sorted(p.name for p in target.parent.iterdir())
+    where = ["--project", str(built), "--upstream", str(upstream_dir), "--base-upstream", str(upstream_dir)]
+    assert cli.main(["apply-patches", *where, "--output", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert f"{target} " in err and "did not publish" in err and "nothing was touched" in err
+    after = _snapshot(target) if target.is_dir() else {"": target.read_bytes()}
+    assert after == before
+    assert sorted(p.name for p in target.parent.iterdir()) == siblings  # no lock file, no staging area
+
+
+def test_output_absent_empty_or_published_before_is_replaced(built, upstream_dir, tmp_path):
+    where = ["--project", str(built), "--upstream", str(upstream_dir), "--base-upstream", str(upstream_dir)]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for target in (tmp_path / "absent", empty):
+        assert cli.main(["apply-patches", *where, "--output", str(target)]) == 0
+        assert (target / ".git" / "vllm-overlay-published").is_file()
+    # A tree an earlier run published, twice over (build/patched of the fixture, then again).
+    assert cli.main(["apply-patches", *where]) == 0
+    assert cli.main(["apply-patches", *where]) == 0
