@@ -105,6 +105,24 @@ def operation_in_progress(repo: git.Repo) -> str | None:
     return None
 
 
+def _confined_patch_file(name: str, series: str | None, sha: str) -> str:
+    """``name`` if it is ``SERIES/FILE.patch`` inside patches/ (trailers are data from a repository)."""
+    parts = name.split("/")
+    problem = None
+    if name.startswith("/") or "\\" in name or len(parts) != 2:
+        problem = "is not SERIES/FILE.patch inside patches/"
+    elif not SERIES_NAME_RE.match(parts[0]) or parts[1] in ("", ".", "..") or not parts[1].endswith(".patch"):
+        problem = "is not SERIES/FILE.patch inside patches/"
+    elif series is not None and parts[0] != series:
+        problem = f"names the folder {parts[0]}/, but the commit's Series: is {series}"
+    if problem:
+        raise ExportError(
+            f"commit {sha[:12]}: its {PATCH_FILE_TRAILER}: trailer {name!r} {problem}; "
+            f"fix or remove the trailer (git commit --amend), nothing was written"
+        )
+    return name
+
+
 def export_commits(repo_dir: Path) -> list[ExportedPatch]:
     """Format every commit between the upstream base and HEAD."""
     repo = git.Repo(repo_dir)
@@ -120,8 +138,10 @@ def export_commits(repo_dir: Path) -> list[ExportedPatch]:
     for sha in commits:
         message = repo.git.log("-1", "--format=%B", sha)
         name = _trailer(message, PATCH_FILE_TRAILER)
-        if name is None:
-            series = _trailer(message, "Series")
+        series = _trailer(message, "Series")
+        if name is not None:
+            name = _confined_patch_file(name, series, sha)
+        else:
             if not series or not SERIES_NAME_RE.match(series):
                 raise ExportError(f"commit {sha[:12]} has no valid 'Series:' trailer; add one to its message")
             name = f"{series}/{slugify(message.splitlines()[0])}.patch"

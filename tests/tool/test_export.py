@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import git
+import pytest
 
 from tests.tool.conftest import IDENTITY, replace_line
 from tests.tool.test_apply import change_line_20, run_apply
@@ -135,3 +136,36 @@ def test_export_waits_for_or_refuses_a_run_writing_its_input_or_output(
             assert f"{held.resolve()} is being written by pid" in capsys.readouterr().err
             assert cli.main([*argv, "--check", "--no-wait"]) == (2 if held.name == "patched" else 0)
     assert cli.main([*argv, "--no-wait"]) == 0
+
+
+@pytest.mark.parametrize(
+    ("trailer", "says"),
+    [
+        ("../../escaped.patch", "is not SERIES/FILE.patch"),
+        ("{tmp}/absolute.patch", "is not SERIES/FILE.patch"),
+        ("demo/../../../escaped.patch", "is not SERIES/FILE.patch"),
+        ("demo/sub/deeper.patch", "is not SERIES/FILE.patch"),
+        ("demo/not-a-patch.txt", "is not SERIES/FILE.patch"),
+        ("other/core-change-line-30.patch", "but the commit's Series: is demo"),
+    ],
+)
+def test_patch_file_trailer_is_confined_to_its_series_folder(
+    project, make_patch, upstream_dir, store_env, tmp_path, capsys, trailer, says
+):
+    """A Patch-File trailer is data from a repository: it may not send export-patches elsewhere."""
+    trailer = trailer.format(tmp=tmp_path)
+    make_patch(upstream_dir, change_line_20, "core: change line 20")
+    assert run_apply(project, upstream_dir)[0] == 0
+    tree = project / "build" / "patched"
+    repo = git.Repo(tree)
+    replace_line(tree / "vllm" / "core.py", "line_30 = 30\n", "line_30 = 300\n")
+    with repo.git.custom_environment(**IDENTITY):
+        repo.git.commit("-aqm", f"core: change line 30\n\nWhy.\n\nSeries: demo\nPatch-File: {trailer}\n")
+    before = snapshot(project / "patches")
+    outside = sorted(p.name for p in project.parent.rglob("*.patch") if "patches" not in p.parts)
+    assert cli.main(["export-patches", "--project", str(project)]) == 2
+    err = capsys.readouterr().err
+    assert "Patch-File: trailer" in err and says in err and "nothing was written" in err
+    assert snapshot(project / "patches") == before
+    assert sorted(p.name for p in project.parent.rglob("*.patch") if "patches" not in p.parts) == outside
+    assert not (tmp_path / "absolute.patch").exists()
