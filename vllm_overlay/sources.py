@@ -371,14 +371,24 @@ def _obtain_directory(store: Store, directory: Path) -> Upstream:
     )
 
 
+def refuse_option_shaped(value: str, what: str) -> str:
+    """``value`` unless git could read it as an option (``--upload-pack=...`` would run a command)."""
+    if value.startswith("-"):
+        raise SourceError(f"{what} {value!r} starts with '-': git would read it as an option; refusing it")
+    return value
+
+
 def _obtain_git(store: Store, spec: str) -> Upstream:
     repository, _, revision = spec.rpartition("@")
     if not repository or not revision:
         raise SourceError(f"--upstream {spec!r}: expected REPOSITORY@REVISION")
+    refuse_option_shaped(repository, "--upstream repository")
+    refuse_option_shaped(revision, "--upstream revision")
     repo = _store_repo(store)
     depth = [] if Path(repository).exists() else ["--depth=1"]
     try:
-        repo.git.fetch("--no-tags", "--quiet", *depth, repository, revision)
+        # "--" ends git's options: what follows is only ever a repository and a refspec.
+        repo.git.fetch("--no-tags", "--quiet", *depth, "--", repository, revision)
     except git.GitCommandError as exc:
         raise SourceError(f"cannot fetch {revision} from {repository}: {exc.stderr.strip()}") from exc
     fetched = repo.git.rev_parse("FETCH_HEAD^{commit}")
@@ -405,7 +415,10 @@ def checkout(store: Store, upstream: Upstream, dest: Path) -> git.Repo:
     """
     if dest.exists():
         raise FileExistsError(dest)
-    repo = git.Repo.clone_from(str(store.upstreams_git), str(dest), no_checkout=True, local=True)
+    # No explicit --local: with it git dies ("Invalid cross-device link") where the cache and the
+    # output lie on different file systems; without it a local path still clones locally,
+    # hardlinking objects where it can and copying them where it cannot.
+    repo = git.Repo.clone_from(str(store.upstreams_git), str(dest), no_checkout=True)
     repo.git.checkout("--quiet", "-B", "patched", upstream.commit)
     shutil.rmtree(dest / ".git" / "hooks", ignore_errors=True)
     return repo

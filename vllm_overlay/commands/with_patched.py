@@ -49,7 +49,11 @@ def changed_package_files(tree: Path, base: str | None) -> list[str]:
     repo = git.Repo(tree)
     if base is None:
         base = upstream_base(repo)
-    names = set(repo.git.diff("--name-only", "--no-renames", base, "--", shadow.PACKAGE).splitlines())
+    if base.startswith("-"):
+        raise SystemExit(f"with-patched-vllm: --base {base!r} starts with '-': git would read it as an option")
+    names = set(
+        repo.git.diff("--name-only", "--no-renames", "--end-of-options", base, "--", shadow.PACKAGE).splitlines()
+    )
     names.update(p for p in repo.untracked_files if p.startswith(shadow.PACKAGE + "/"))
     return sorted(names)
 
@@ -60,8 +64,8 @@ def run(args: argparse.Namespace) -> int:
         print("with-patched-vllm: no command given", file=sys.stderr)
         return 2
     python = args.python or (cmd[0] if Path(cmd[0]).name.startswith("python") else "python3")
+    changed = changed_package_files(args.tree, args.base)  # the user's input first
     installed = shadow.installed_package_dir(python)
-    changed = changed_package_files(args.tree, args.base)
     replacements = shadow.replacements_from_tree(args.tree, changed)
     with tempfile.TemporaryDirectory(prefix="vllm-shadow-") as tmp:
         shadow.build_shadow(installed, replacements, (), Path(tmp))

@@ -1,0 +1,78 @@
+"""Checking out and fetching an upstream: any file-system layout, no option-shaped user input."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import git
+import pytest
+
+from tests.tool.test_apply import change_line_20, run_apply
+from vllm_overlay import cli
+
+TMPFS = Path("/dev/shm")
+
+
+@pytest.fixture
+def other_file_system(tmp_path: Path):
+    """A directory on a file system other than tmp_path's (where the cache lives): a tmpfs."""
+    if not TMPFS.is_dir() or os.stat(TMPFS).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip(f"{TMPFS} is not a separate file system on this machine")
+    root = Path(tempfile.mkdtemp(prefix="vllm-overlay-test-", dir=TMPFS))
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_output_on_another_file_system_than_the_cache(project, make_patch, upstream_dir, store_env, other_file_system):
+    """~/.cache on one file system, the checkout or --output on another: hardlinks fail, copying works."""
+    make_patch(upstream_dir, change_line_20, "core: change line 20")
+    assert os.stat(other_file_system).st_dev != os.stat(store_env.parent).st_dev
+    target = other_file_system / "patched"
+    code, _report = run_apply(project, upstream_dir, "--output", str(target))
+    assert code == 0
+    repo = git.Repo(target)
+    assert "line_20 = 200" in (target / "vllm" / "core.py").read_text()
+    assert repo.git.fsck("--no-progress") == ""
+    # The same tree as on the cache's own file system.
+    assert run_apply(project, upstream_dir)[0] == 0
+    assert git.Repo(project / "build" / "patched").head.commit.tree == repo.head.commit.tree
+
+
+@pytest.mark.parametrize("where", ["repository", "revision"])
+def test_option_shaped_git_upstream_is_refused_and_runs_nothing(
+    project, make_patch, upstream_dir, store_env, tmp_path, capsys, where
+):
+    make_patch(upstream_dir, change_line_20, "core: change line 20")
+    source = tmp_path / "gitsrc"
+    shutil.copytree(upstream_dir, source)
+    repo = git.Repo.init(source)
+    repo.git.add("-A")
+    repo.git.execute(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"])
+    marker = tmp_path / "ran"
+    hostile = f"--upload-pack=touch {marker}"
+    spec = f"{hostile}@HEAD" if where == "repository" else f"{source}@{hostile}"
+    code = cli.main(["apply-patches", "--project", str(project), "--upstream", spec])
+    assert code == 2
+    assert "git would read it as an option" in capsys.readouterr().err
+    assert not marker.exists()
+
+
+def test_option_shaped_base_of_with_patched_vllm_is_refused(project, make_patch, upstream_dir, store_env, tmp_path):
+    make_patch(upstream_dir, change_line_20, "core: change line 20")
+    assert run_apply(project, upstream_dir)[0] == 0
+    written = tmp_path / "written-by-git"
+    with pytest.raises(SystemExit, match="would read it as an option"):
+        cli.main(
+            [
+                "with-patched-vllm",
+                "--tree",
+                str(project / "build" / "patched"),
+                f"--base=--output={written}",
+                "--",
+                "true",
+            ]
+        )
+    assert not written.exists()
