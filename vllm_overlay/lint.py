@@ -14,6 +14,7 @@ from vllm_overlay.series import (
     SeriesError,
     load_patch,
     read_series,
+    tests_path_problems,
 )
 
 
@@ -59,7 +60,9 @@ def lint(repo_root: Path, patches_dir: Path, tree: Path | None = None) -> list[s
             problems.append(f"{where}: Series {series!r} is not a lowercase-dashed name")
         if series and directory != series:
             problems.append(f"{where}: Series: {series} but the file is in patches/{directory or '.'}/")
-        for test in patch.tests:
+        outside = tests_path_problems(patch, repo_root) if series else []
+        problems.extend(f"{where}: {problem}" for problem in outside)
+        for test in patch.tests if not outside else []:
             test_file = test.split("::", 1)[0]
             if not (repo_root / test_file).is_file():
                 problems.append(f"{where}: Tests names {test_file}, which does not exist")

@@ -132,6 +132,29 @@ def _outside_patches(entry: str) -> str | None:
     return None
 
 
+def tests_path_problems(patch: Patch, project_root: Path) -> list[str]:
+    """Why a ``Tests:`` entry of ``patch`` is not a file inside tests/patches/<its series>/ (empty: all are).
+
+    Tests entries are data from a patch file: an absolute path or one leaving that folder would make
+    test-patches walk or run files from anywhere (``Tests: /etc/hostname``, ``../outside/test_x.py``).
+    """
+    problems = []
+    folder = (project_root / "tests" / "patches" / patch.series).resolve()
+    for spec in patch.tests:
+        name = spec.split("::", 1)[0]
+        pure = PurePosixPath(name)
+        expected = f"tests/patches/{patch.series}/"
+        if pure.is_absolute() or ".." in pure.parts or not name.startswith(expected):
+            problems.append(f"Tests names {name}, which is not inside {expected}")
+            continue
+        resolved = (project_root / name).resolve()
+        if not resolved.is_relative_to(folder):
+            problems.append(f"Tests names {name}, which leads out of {expected} (a symbolic link)")
+        elif pure.suffix != ".py":
+            problems.append(f"Tests names {name}, which is not a Python test file")
+    return problems
+
+
 def render_series(names: list[str]) -> str:
     """The series file's text for ``names`` in order, grouped under one comment per series."""
     lines = ["# Patch order (quilt syntax). Grouped by series; edit with scripts/export-patches."]

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from tests.tool.test_apply import change_line_20
-from vllm_overlay import lint
+from vllm_overlay import cli, lint
 
 
 def problems(project):
@@ -68,3 +70,39 @@ def test_bracketed_subject_is_reported(project, make_patch, upstream_dir):
     path = make_patch(upstream_dir, change_line_20, "core: change line 20")
     path.write_text(path.read_text().replace("Subject: [PATCH] core:", "Subject: [PATCH] [Core] core:"))
     assert any("git am strips" in p for p in problems(project))
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        "/etc/hostname",
+        "../outside/test_x.py",
+        "tests/patches/demo/../../../outside/test_x.py",
+        "tests/patches/other/test_demo.py",
+        "tests/tool/test_lint.py",
+    ],
+)
+def test_tests_entries_stay_inside_their_series_folder(project, make_patch, upstream_dir, capsys, entry):
+    """Tests: is data from a patch file: lint and test-patches refuse paths outside tests/patches/<series>/."""
+    path = make_patch(upstream_dir, change_line_20, "core: change line 20")
+    outside = project.parent / "outside"
+    outside.mkdir(exist_ok=True)
+    (outside / "test_x.py").write_text("def test_x():\n    assert True\n")
+    (project / "tests" / "patches" / "other").mkdir(parents=True, exist_ok=True)
+    (project / "tests" / "patches" / "other" / "test_demo.py").write_text("def test_x():\n    assert True\n")
+    path.write_text(path.read_text().replace("Tests: tests/patches/demo/test_demo.py", f"Tests: {entry}"))
+    assert any(
+        f"Tests names {entry.split('::')[0]}, which is not inside tests/patches/demo/" in p for p in problems(project)
+    )
+    assert cli.main(["test-patches", "--project", str(project), "--env", str(project / "no-env")]) == 2
+    assert "which is not inside tests/patches/demo/" in capsys.readouterr().err
+
+
+def test_tests_entry_through_a_symlink_out_of_its_folder(project, make_patch, upstream_dir, tmp_path):
+    make_patch(upstream_dir, change_line_20, "core: change line 20")
+    elsewhere = tmp_path / "elsewhere.py"
+    elsewhere.write_text("def test_x():\n    assert True\n")
+    test_file = project / "tests" / "patches" / "demo" / "test_demo.py"
+    test_file.unlink()
+    test_file.symlink_to(elsewhere)
+    assert any("leads out of tests/patches/demo/" in p for p in problems(project))

@@ -137,6 +137,11 @@ def _run(args: argparse.Namespace, proj: project.Project, workdir: Path, started
     if not selected:
         output.error("patches/series lists no patches")
         return 2
+    outside = [f"patches/{p.name}: {problem}" for p in selected for problem in series.tests_path_problems(p, proj.root)]
+    if outside:
+        for problem in outside:
+            output.error(problem)
+        return 2
     last = max(every.index(p) for p in selected)
     prefix = every[: last + 1]
     try:
