@@ -158,6 +158,7 @@ def start(
                 f"the bump in {repo_dir} changed patches/ and upstream.lock and holds the previous ones: "
                 "commit the new ones and remove it, or restore the old ones with --abort, before another bump"
             )
+        refuse_foreign(repo_dir)
         shutil.rmtree(repo_dir)
     repo = sources.checkout(store, upstream, repo_dir)
     repo.git.config(apply.CONFIG_UPSTREAM, upstream.commit)
@@ -173,6 +174,28 @@ def start(
         files.append(str(path))
     _am(repo, "--3way", "--quiet", *files)
     return repo
+
+
+class ForeignRepository(BumpError):
+    """--repo names a directory bump did not make: an input error (exit 2), nothing touched."""
+
+
+def made_by_bump(repo_dir: Path) -> bool:
+    """True for a repository this tool's bump created (it holds the bump's state file)."""
+    return (repo_dir / ".git" / STATE_FILE).is_file()
+
+
+def refuse_foreign(repo_dir: Path) -> None:
+    """Raise BumpError unless ``repo_dir`` is empty or a bump's own repository: it will be removed."""
+    if repo_dir.is_symlink() or not repo_dir.is_dir():
+        raise ForeignRepository(
+            f"{repo_dir} is not a repository bump made (not a directory): refusing to remove it (nothing was touched)"
+        )
+    if next(repo_dir.iterdir(), None) is not None and not made_by_bump(repo_dir):
+        raise ForeignRepository(
+            f"{repo_dir} holds files and is not a repository bump made (no .git/{STATE_FILE}): "
+            "refusing to touch or remove it (nothing was touched); pass another --repo"
+        )
 
 
 def resume(repo_dir: Path) -> git.Repo:
@@ -275,6 +298,11 @@ def abort(repo_dir: Path, patches_dir: Path | None = None, lock_file: Path | Non
     """
     if not repo_dir.exists():
         raise BumpError(f"{repo_dir}: no bump in progress")
+    if not made_by_bump(repo_dir):
+        raise ForeignRepository(
+            f"{repo_dir} is not a repository bump made (no .git/{STATE_FILE}): refusing to abort in it or "
+            "remove it (nothing was touched)"
+        )
     said: list[str] = []
     if patches_dir is not None and lock_file is not None and (repo_dir / ".git" / BACKUP_DIR).exists():
         state = BumpState.load(repo_dir)

@@ -151,3 +151,28 @@ def test_a_downgrade_is_refused_by_the_command(project, command, monkeypatch, ca
     )
     assert run("0.1.0") == 1
     assert "downgrade needs --allow-downgrade" in capsys.readouterr().err
+
+
+def _users_repository(root):
+    """The user's own clone (say of vLLM), with work in progress: bump must never touch it."""
+    root.mkdir()
+    (root / "vllm").mkdir()
+    (root / "vllm" / "mine.py").write_text("work = 'in progress'\n")
+    repo = git.Repo.init(root)
+    repo.git.add("-A")
+    repo.git.execute(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "mine"])
+    (root / "vllm" / "mine.py").write_text("work = 'uncommitted'\n")
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("action", [("0.34.0",), ("--abort",)])
+def test_bump_never_touches_a_repository_it_did_not_make(project, command, tmp_path, capsys, action):
+    run, _tests_pass = command
+    foreign = tmp_path / "users-vllm"
+    before = _users_repository(foreign)
+    project_before = snapshot(project)
+    assert run(*action, "--repo", str(foreign)) == 2
+    assert "is not a repository bump made" in capsys.readouterr().err
+    after = {p.relative_to(foreign).as_posix(): p.read_bytes() for p in sorted(foreign.rglob("*")) if p.is_file()}
+    assert after == before
+    assert snapshot(project) == project_before

@@ -14,8 +14,11 @@ flashinfer pins); then test-patches runs against the new lock, and if it fails b
 restored (skip the run with --no-test). Until the new files are committed, --abort restores
 them. Run audit-upstream first to see what to expect.
 
+--repo DIR must be absent, empty, or a repository an earlier bump made: bump and --abort never
+touch or remove anything else there (exit 2).
+
 Exit codes: 0 bumped (and tests passed); 1 stopped at a conflict, refused, or tests failed (patches/
-and upstream.lock restored); 2 usage/input error.
+and upstream.lock restored); 2 usage/input error (a --repo bump did not make included).
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
             for line in bump.abort(repo_dir, proj.patches, proj.lock_file):
                 output.info(line)
             return 0
+        if args.version and repo_dir.exists():
+            bump.refuse_foreign(repo_dir)  # before anything is downloaded
         the_lock = lock.load(proj.lock_file)
         if args.resume:
             bump.resume(repo_dir)
@@ -67,6 +72,9 @@ def run(args: argparse.Namespace) -> int:
         upstream = sources.Upstream(**state.upstream)  # type: ignore[arg-type]
         relocked = bump.new_lock(the_lock, upstream, store)
         changed = bump.install(repo_dir, proj.patches, proj.lock_file, relocked)
+    except bump.ForeignRepository as exc:
+        output.error(str(exc))
+        return 2
     except bump.BumpError as exc:
         output.error(str(exc))
         return 1
