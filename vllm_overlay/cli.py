@@ -7,7 +7,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from vllm_overlay import indexes
+from vllm_overlay import indexes, output, report
 
 # verb -> (module under vllm_overlay.commands, one-line help)
 VERBS: dict[str, tuple[str, str]] = {
@@ -41,11 +41,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Options of any verb that name a report file to write: checked before the verb's work starts.
+REPORT_OPTIONS = ("json", "junit", "markdown", "range_diff")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if getattr(args, "index_url", None):
         indexes.set_override(args.index_url)
-    return int(args._module.run(args))
+    try:
+        report.check_destinations(**{name: getattr(args, name, None) for name in REPORT_OPTIONS})
+        return int(args._module.run(args))
+    except report.ReportPathError as exc:
+        output.error(str(exc))
+        return 2
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from vllm_overlay import atomicfile
@@ -35,6 +36,35 @@ def apply_table(report: Report) -> str:
     return "\n".join(lines)
 
 
+class ReportPathError(ValueError):
+    """A report file (--json, --junit, --markdown, ...) cannot be written where it was asked for."""
+
+
+def check_destinations(**paths: Path | None) -> None:
+    """Prove, before the long work starts, that every report path given can be written.
+
+    ``paths`` maps an option name (``json``) to its value. A probe file is created and removed
+    beside each one, so a missing, read-only or non-directory parent is found now, not after an
+    hour of tests. Raises ReportPathError naming the option and the reason.
+    """
+    for option, path in paths.items():
+        if path is None:
+            continue
+        flag = "--" + option.replace("_", "-")
+        if path.is_dir():
+            raise ReportPathError(f"{flag} {path}: is a directory; name a file")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, probe = atomicfile.create_temp(path.parent, f".{path.name}.", ".probe")
+            os.close(fd)
+            probe.unlink()
+        except OSError as exc:
+            raise ReportPathError(f"{flag} {path}: cannot write there ({exc.strerror or exc})") from None
+
+
 def write_json(data: object, path: Path) -> None:
     """Write JSON atomically so a reader never sees half a report."""
-    atomicfile.write_bytes(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+    try:
+        atomicfile.write_bytes(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+    except OSError as exc:
+        raise ReportPathError(f"--json {path}: cannot write there ({exc.strerror or exc})") from None

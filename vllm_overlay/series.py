@@ -108,7 +108,8 @@ def read_series(patches_dir: Path) -> list[SeriesEntry]:
     if not path.exists():
         raise SeriesError(f"{path}: not found")
     entries: list[SeriesEntry] = []
-    for number, raw_line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    # utf-8-sig: an editor's byte-order mark is not part of the first entry's name.
+    for number, raw_line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), start=1):
         line = raw_line.split("#", 1)[0].strip()
         if not line:
             continue
@@ -118,7 +119,9 @@ def read_series(patches_dir: Path) -> list[SeriesEntry]:
         outside = _outside_patches(words[0])
         if outside:
             raise SeriesError(f"{path}:{number}: {words[0]!r} is outside patches/ ({outside})")
-        entries.append(SeriesEntry(words[0], number))
+        # One spelling per file: ``./NAME`` and ``dir//NAME`` are ``NAME`` and ``dir/NAME``, so a
+        # patch listed twice under two spellings is a duplicate, not two patches.
+        entries.append(SeriesEntry(PurePosixPath(words[0]).as_posix(), number))
     return entries
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import git
 import pytest
 
@@ -101,3 +103,42 @@ def test_output_absent_empty_or_published_before_is_replaced(built, upstream_dir
     # A tree an earlier run published, twice over (build/patched of the fixture, then again).
     assert cli.main(["apply-patches", *where]) == 0
     assert cli.main(["apply-patches", *where]) == 0
+
+
+@pytest.mark.parametrize("spelling", ["./demo/core-change-line-20.patch", "demo//core-change-line-20.patch"])
+def test_one_patch_under_two_spellings_is_a_duplicate(built, upstream_dir, capsys, spelling):
+    before = head(built)
+    series_file = built / "patches" / "series"
+    series_file.write_text(series_file.read_text() + spelling + "\n")
+    assert apply_code(built, upstream_dir) == 2
+    assert "listed more than once in series: demo/core-change-line-20.patch" in capsys.readouterr().err
+    assert head(built) == before
+    assert "demo/core-change-line-20.patch: listed 2 times" in "\n".join(lint.lint(built, built / "patches"))
+
+
+def test_a_series_saved_with_a_byte_order_mark_reads_as_without(built, upstream_dir):
+    series_file = built / "patches" / "series"
+    series_file.write_bytes(b"\xef\xbb\xbf" + series_file.read_bytes())
+    assert apply_code(built, upstream_dir) == 0
+    assert lint.lint(built, built / "patches") == []
+
+
+@pytest.mark.parametrize("where", ["a-file-as-parent", "a-directory", "unwritable"])
+def test_an_unwritable_report_path_is_refused_before_any_work(built, upstream_dir, tmp_path, capsys, where):
+    """--json where nothing can be written: exit 2 and one line before the run, not a traceback after it."""
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file\n")
+    target = {
+        "a-file-as-parent": blocker / "report.json",
+        "a-directory": tmp_path,
+        "unwritable": Path("/proc/report.json"),
+    }[where]
+    before = head(built)
+    where_args = ["--project", str(built), "--upstream", str(upstream_dir), "--base-upstream", str(upstream_dir)]
+    assert cli.main(["apply-patches", *where_args, "--json", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --json ") and "Traceback" not in err
+    assert "applying" not in err  # refused before the series was touched
+    assert head(built) == before
+    assert cli.main(["test-patches", "--project", str(built), "--junit", str(target)]) == 2
+    assert capsys.readouterr().err.startswith("error: --junit ")
