@@ -123,6 +123,45 @@ def _confined_patch_file(name: str, series: str | None, sha: str) -> str:
     return name
 
 
+def check_locked_upstream(repo_dir: Path, version: str) -> None:
+    """Refuse a patched repository that is not built on the locked release (``upstream/<version>``).
+
+    patches/ is the series for the lock: exported from a tree applied onto another upstream
+    (``apply-patches --upstream 0.32.0``), every patch would carry that upstream's context and
+    index lines, and the next strict apply onto the locked release would refuse them.
+    """
+    repo = git.Repo(repo_dir)
+    base = upstream_base(repo)
+    tag = f"upstream/{version}"
+    try:
+        locked = repo.git.rev_parse("--verify", "--quiet", "--end-of-options", f"{tag}^{{commit}}")
+    except git.GitCommandError:
+        locked = ""
+    if locked != base:
+        raise ExportError(
+            f"{repo_dir} is built on upstream {base[:12]}, not on the locked {version} ({tag}): exporting it would "
+            "write patches for another upstream. Run scripts/apply-patches (onto the lock) and redo the change "
+            "there, or move the lock with scripts/bump"
+        )
+
+
+def _unexportable(repo: git.Repo, sha: str) -> str | None:
+    """Why commit ``sha`` cannot become one patch of the series (None: it can)."""
+    commit = repo.commit(sha)
+    if len(commit.parents) > 1:
+        return "is a merge commit; a series is a straight line of commits (git rebase it onto upstream)"
+    if commit.parents and commit.tree == commit.parents[0].tree:
+        return "changes nothing (an empty commit); drop it (git rebase -i) or give it its change"
+    touched = repo.git.diff_tree("--no-commit-id", "--name-only", "-r", "-z", sha).split("\0")
+    attributes = [name for name in touched if name == ".gitattributes" or name.endswith("/.gitattributes")]
+    if attributes:
+        return (
+            f"changes {attributes[0]}, which changes how git diffs files (binary patches, filters); "
+            "the series may not carry git attributes"
+        )
+    return None
+
+
 def export_commits(repo_dir: Path) -> list[ExportedPatch]:
     """Format every commit between the upstream base and HEAD."""
     repo = git.Repo(repo_dir)
@@ -136,6 +175,9 @@ def export_commits(repo_dir: Path) -> list[ExportedPatch]:
     exported: list[ExportedPatch] = []
     used: set[str] = set()
     for sha in commits:
+        problem = _unexportable(repo, sha)
+        if problem:
+            raise ExportError(f"commit {sha[:12]} ({repo.commit(sha).summary}) {problem}; nothing was written")
         message = repo.git.log("-1", "--format=%B", sha)
         name = _trailer(message, PATCH_FILE_TRAILER)
         series = _trailer(message, "Series")

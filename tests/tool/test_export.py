@@ -21,19 +21,19 @@ def test_unchanged_series_exports_identical_bytes(project, make_patch, upstream_
     make_patch(upstream_dir, lambda t: replace_line(t / "vllm" / "core.py", "line_5 = 5\n", "line_5 = 50\n"), "b")
     assert run_apply(project, upstream_dir)[0] == 0
     # First export normalises the hand-made series file; from then on export is a fixed point.
-    assert cli.main(["export-patches", "--project", str(project)]) == 0
+    assert cli.main(["export-patches", "--allow-other-upstream", "--project", str(project)]) == 0
     before = snapshot(project / "patches")
     assert run_apply(project, upstream_dir)[0] == 0
-    assert cli.main(["export-patches", "--project", str(project)]) == 0
+    assert cli.main(["export-patches", "--allow-other-upstream", "--project", str(project)]) == 0
     assert snapshot(project / "patches") == before
-    assert cli.main(["export-patches", "--project", str(project), "--check"]) == 0
+    assert cli.main(["export-patches", "--allow-other-upstream", "--project", str(project), "--check"]) == 0
 
 
 def test_patch_file_is_what_format_patch_gave(project, make_patch, upstream_dir, store_env):
     path = make_patch(upstream_dir, change_line_20, "core: change line 20")
     original = path.read_bytes()
     assert run_apply(project, upstream_dir)[0] == 0
-    cli.main(["export-patches", "--project", str(project)])
+    cli.main(["export-patches", "--allow-other-upstream", "--project", str(project)])
     assert path.read_bytes() == original
     assert b"Patch-File" not in original
 
@@ -41,17 +41,17 @@ def test_patch_file_is_what_format_patch_gave(project, make_patch, upstream_dir,
 def test_check_reports_amended_commit(project, make_patch, upstream_dir, store_env, capsys):
     make_patch(upstream_dir, change_line_20, "core: change line 20")
     assert run_apply(project, upstream_dir)[0] == 0
-    cli.main(["export-patches", "--project", str(project)])
+    cli.main(["export-patches", "--allow-other-upstream", "--project", str(project)])
     repo = git.Repo(project / "build" / "patched")
     replace_line(project / "build" / "patched" / "vllm" / "core.py", "line_20 = 200\n", "line_20 = 2000\n")
     with repo.git.custom_environment(**IDENTITY):
         repo.git.commit("-aq", "--amend", "--no-edit")
     capsys.readouterr()
-    assert cli.main(["export-patches", "--project", str(project), "--check"]) == 1
+    assert cli.main(["export-patches", "--allow-other-upstream", "--project", str(project), "--check"]) == 1
     out = capsys.readouterr().out
     assert "++line_20 = 2000" in out
-    assert cli.main(["export-patches", "--project", str(project)]) == 0
-    assert cli.main(["export-patches", "--project", str(project), "--check"]) == 0
+    assert cli.main(["export-patches", "--allow-other-upstream", "--project", str(project)]) == 0
+    assert cli.main(["export-patches", "--allow-other-upstream", "--project", str(project), "--check"]) == 0
 
 
 def test_new_commit_gets_a_file_and_dropped_one_is_removed(project, make_patch, upstream_dir, store_env):
@@ -63,7 +63,7 @@ def test_new_commit_gets_a_file_and_dropped_one_is_removed(project, make_patch, 
     message = "core: change line 30\n\nWhy.\n\nSeries: other\n"
     with repo.git.custom_environment(**IDENTITY):
         repo.git.commit("-aqm", message)
-    assert cli.main(["export-patches", "--project", str(project)]) == 0
+    assert cli.main(["export-patches", "--allow-other-upstream", "--project", str(project)]) == 0
     assert (project / "patches" / "other" / "core-change-line-30.patch").exists()
     series = (project / "patches" / "series").read_text()
     assert series.index("demo/core-change-line-20.patch") < series.index("other/core-change-line-30.patch")
@@ -71,7 +71,7 @@ def test_new_commit_gets_a_file_and_dropped_one_is_removed(project, make_patch, 
     base = repo.git.config("--get", "vllm-overlay.upstream")
     with repo.git.custom_environment(**IDENTITY):
         repo.git.rebase("--quiet", "--onto", base, "HEAD~1")
-    assert cli.main(["export-patches", "--project", str(project)]) == 0
+    assert cli.main(["export-patches", "--allow-other-upstream", "--project", str(project)]) == 0
     assert not first.exists()
     assert "core-change-line-20" not in (project / "patches" / "series").read_text()
 
@@ -85,7 +85,7 @@ def test_commit_without_series_trailer_is_an_error(project, make_patch, upstream
     with repo.git.custom_environment(**IDENTITY):
         repo.git.commit("-aqm", "no trailer")
     before = snapshot(project / "patches")
-    assert cli.main(["export-patches", "--project", str(project)]) == 2
+    assert cli.main(["export-patches", "--allow-other-upstream", "--project", str(project)]) == 2
     assert snapshot(project / "patches") == before
 
 
@@ -102,7 +102,7 @@ def test_export_during_a_stopped_rebase_is_refused(project, make_patch, upstream
     make_patch(upstream_dir, change_line_20, "core: change line 20")
     make_patch(upstream_dir, lambda t: replace_line(t / "vllm" / "core.py", "line_5 = 5\n", "line_5 = 50\n"), "b")
     assert run_apply(project, upstream_dir)[0] == 0
-    assert cli.main(["export-patches", "--project", str(project)]) == 0
+    assert cli.main(["export-patches", "--allow-other-upstream", "--project", str(project)]) == 0
     before = snapshot(project / "patches")
     repo = git.Repo(project / "build" / "patched")
     base = repo.git.config("--get", "vllm-overlay.upstream")
@@ -110,11 +110,11 @@ def test_export_during_a_stopped_rebase_is_refused(project, make_patch, upstream
     editor = {"GIT_SEQUENCE_EDITOR": "sed -i '1s/^pick/edit/'", **IDENTITY}
     with repo.git.custom_environment(**editor):
         repo.git.rebase("-i", base)
-    assert cli.main(["export-patches", "--project", str(project)]) == 2
+    assert cli.main(["export-patches", "--allow-other-upstream", "--project", str(project)]) == 2
     assert snapshot(project / "patches") == before
     with repo.git.custom_environment(**IDENTITY):
         repo.git.rebase("--continue")
-    assert cli.main(["export-patches", "--project", str(project)]) == 0
+    assert cli.main(["export-patches", "--allow-other-upstream", "--project", str(project)]) == 0
     assert snapshot(project / "patches") == before
 
 
@@ -127,7 +127,7 @@ def test_export_waits_for_or_refuses_a_run_writing_its_input_or_output(
 
     make_patch(upstream_dir, change_line_20, "core: change line 20")
     assert run_apply(project, upstream_dir)[0] == 0
-    argv = ["export-patches", "--project", str(project)]
+    argv = ["export-patches", "--allow-other-upstream", "--project", str(project)]
     assert cli.main(argv) == 0  # the first export normalises the hand-made series file
     for held in (project / "build" / "patched", project / "patches"):
         with staging.output_lock(held.resolve()):
@@ -163,9 +163,54 @@ def test_patch_file_trailer_is_confined_to_its_series_folder(
         repo.git.commit("-aqm", f"core: change line 30\n\nWhy.\n\nSeries: demo\nPatch-File: {trailer}\n")
     before = snapshot(project / "patches")
     outside = sorted(p.name for p in project.parent.rglob("*.patch") if "patches" not in p.parts)
-    assert cli.main(["export-patches", "--project", str(project)]) == 2
+    assert cli.main(["export-patches", "--allow-other-upstream", "--project", str(project)]) == 2
     err = capsys.readouterr().err
     assert "Patch-File: trailer" in err and says in err and "nothing was written" in err
     assert snapshot(project / "patches") == before
     assert sorted(p.name for p in project.parent.rglob("*.patch") if "patches" not in p.parts) == outside
     assert not (tmp_path / "absolute.patch").exists()
+
+
+def _export(project, *extra):
+    return cli.main(["export-patches", "--project", str(project), *extra])
+
+
+def test_a_tree_on_another_upstream_than_the_lock_is_refused(project, make_patch, upstream_dir, store_env, capsys):
+    make_patch(upstream_dir, change_line_20, "core: change line 20")
+    assert run_apply(project, upstream_dir)[0] == 0
+    before = snapshot(project / "patches")
+    assert _export(project) == 2  # applied onto a directory, not the locked 0.33.0
+    err = capsys.readouterr().err
+    assert "not on the locked 0.33.0 (upstream/0.33.0)" in err
+    assert snapshot(project / "patches") == before
+    # The same tree, its base being the locked release's tag (as apply-patches onto the lock leaves it).
+    repo = git.Repo(project / "build" / "patched")
+    repo.git.tag("upstream/0.33.0", repo.git.config("--get", "vllm-overlay.upstream"))
+    assert _export(project) == 0
+
+
+@pytest.mark.parametrize("kind", ["merge", "empty", "gitattributes"])
+def test_commits_that_cannot_be_one_patch_are_refused(project, make_patch, upstream_dir, store_env, capsys, kind):
+    make_patch(upstream_dir, change_line_20, "core: change line 20")
+    assert run_apply(project, upstream_dir)[0] == 0
+    tree = project / "build" / "patched"
+    repo = git.Repo(tree)
+    with repo.git.custom_environment(**IDENTITY):
+        if kind == "merge":
+            repo.git.checkout("-q", "-b", "side", "HEAD~1")
+            replace_line(tree / "vllm" / "core.py", "line_5 = 5\n", "line_5 = 50\n")
+            repo.git.commit("-aqm", "core: change line 5\n\nSeries: demo\n")
+            repo.git.checkout("-q", "patched")
+            repo.git.merge("-q", "--no-edit", "side")
+        elif kind == "empty":
+            repo.git.commit("-q", "--allow-empty", "-m", "core: nothing\n\nSeries: demo\n")
+        else:
+            (tree / ".gitattributes").write_text("*.py binary\n")
+            repo.git.add(".gitattributes")
+            repo.git.commit("-qm", "attributes\n\nSeries: demo\n")
+    before = snapshot(project / "patches")
+    assert _export(project, "--allow-other-upstream") == 2
+    err = capsys.readouterr().err
+    says = {"merge": "is a merge commit", "empty": "changes nothing", "gitattributes": "changes .gitattributes"}[kind]
+    assert says in err and "nothing was written" in err
+    assert snapshot(project / "patches") == before

@@ -336,7 +336,7 @@ def test_export_brings_the_dockerfile_in_line(image_project, make_patch, upstrea
     with repo.git.custom_environment(**IDENTITY):
         repo.git.commit("-aq", "--amend", "--no-edit")
     capsys.readouterr()
-    assert cli.main(["export-patches", "--project", str(image_project)]) == 0
+    assert cli.main(["export-patches", "--allow-other-upstream", "--project", str(image_project)]) == 0
     assert "updated the generated parts of Dockerfile" in capsys.readouterr().out
     after = (image_project / "Dockerfile").read_text()
     assert after != before
@@ -346,6 +346,6 @@ def test_export_brings_the_dockerfile_in_line(image_project, make_patch, upstrea
     dockerfile = image_project / "Dockerfile"
     dockerfile.write_text(after.replace('ARG OVERLAY_SERIES="alpha,beta"', 'ARG OVERLAY_SERIES="alpha"'))
     capsys.readouterr()
-    assert cli.main(["export-patches", "--project", str(image_project)]) == 0
+    assert cli.main(["export-patches", "--allow-other-upstream", "--project", str(image_project)]) == 0
     assert "updated the generated parts of Dockerfile" in capsys.readouterr().out
     assert dockerfile.read_text() == after

@@ -128,7 +128,7 @@ def test_bump_there_and_back_is_byte_identical(project, make_patch, tmp_path, st
     store = Store()
     old_up = sources.obtain(str(old), the_lock, store)
     cli.main(["apply-patches", "--project", str(project), "--upstream", str(old), "--base-upstream", str(old)])
-    cli.main(["export-patches", "--project", str(project)])
+    cli.main(["export-patches", "--allow-other-upstream", "--project", str(project)])
     before = {p.name: p.read_bytes() for p in (project / "patches").rglob("*") if p.is_file()}
     new = write_upstream(tmp_path / "new")
     (new / "vllm" / "core.py").write_text("header = 0\n" + (new / "vllm" / "core.py").read_text())

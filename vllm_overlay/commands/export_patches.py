@@ -5,6 +5,11 @@ series changes no byte. With --check nothing is written: the command prints the 
 exits 1 if patches/ is stale (exit 0 when up to date). After writing, the generated parts of the
 Dockerfile (series block, provenance defaults: what `docker build .` reads) are brought in line.
 
+The patched repository must be built on the locked release (tag upstream/<version>, as
+apply-patches leaves it); a tree applied onto another upstream is refused (exit 2) unless
+--allow-other-upstream says so. Merge commits, empty commits and commits that change a
+.gitattributes file (binary patches) are refused, naming the commit.
+
 It reads the patched repository under that tree's lock (an apply-patches run replacing it is
 waited for) and writes patches/ under patches/'s own lock (one export at a time); --no-wait exits 2
 instead of waiting.
@@ -24,6 +29,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     project.add_project_argument(parser)
     parser.add_argument("--repo", type=Path, default=None, help="patched repository (default: build/patched)")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 and show the diff if stale")
+    parser.add_argument(
+        "--allow-other-upstream",
+        action="store_true",
+        help="export a tree built on another upstream than the lock's release (its patches fit that upstream, "
+        "and a strict apply onto the lock may refuse them); refused without this flag",
+    )
     parser.add_argument(
         "--no-wait",
         dest="wait",
@@ -52,8 +63,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _export(args: argparse.Namespace, proj: project.Project, repo_dir: Path) -> int:
     try:
+        if not args.allow_other_upstream:
+            export.check_locked_upstream(repo_dir, lock.load(proj.lock_file).version)
         wanted = export.rendered(export.export_commits(repo_dir))
-    except export.ExportError as exc:
+    except (export.ExportError, lock.LockError) as exc:
         output.error(str(exc))
         return 2
     if args.check:
