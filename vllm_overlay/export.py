@@ -245,3 +245,39 @@ def write(patches_dir: Path, wanted: dict[str, bytes]) -> list[str]:
         atomicfile.write_bytes(path, content)
         changed.append(name)
     return changed
+
+
+def unexported_work(tree: Path, patches_dir: Path, published_head: str | None) -> list[str]:
+    """What replacing the patched repository ``tree`` would throw away (empty: nothing).
+
+    Uncommitted changes, an operation stopped half-way, and commits made after apply-patches
+    published the tree (``published_head``) that patches/ does not hold yet. Commits are compared
+    by what they export to, so a tree whose work was exported, or that is exactly what
+    apply-patches left, is never reported; a tree of an older version (no recorded head) counts
+    as exported when it exports to what patches/ holds.
+    """
+    try:
+        repo = git.Repo(tree)
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+        return []
+    lost: list[str] = []
+    operation = operation_in_progress(repo)
+    if operation:
+        lost.append(f"{operation} is in progress")
+    changed = [item.a_path for item in repo.index.diff(None)] + [item.a_path for item in repo.index.diff("HEAD")]
+    untracked = repo.untracked_files
+    if changed or untracked:
+        names = sorted(set(changed) | set(untracked))
+        more = f" and {len(names) - 5} more" if len(names) > 5 else ""
+        lost.append(f"uncommitted changes: {', '.join(names[:5])}{more}")
+    if lost or repo.head.commit.hexsha == published_head:
+        return lost
+    try:
+        wanted = rendered(export_commits(tree))
+    except ExportError as exc:
+        return [f"commits that cannot be exported as they are ({exc})"]
+    if differences(patches_dir, wanted):
+        base = upstream_base(repo)
+        commits = repo.git.log("--format=%h %s", f"{base}..HEAD").splitlines()
+        lost.append(f"commits not exported to patches/ ({len(commits)} after upstream; newest: {commits[0]})")
+    return lost

@@ -34,6 +34,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import git
+
 from vllm_overlay import faults, interrupts
 
 OWNER_FILE = "owner"
@@ -95,8 +97,25 @@ def check_replaceable(output: Path) -> None:
 
 
 def mark_published(tree: Path) -> None:
-    """Mark ``tree`` (about to be published) as this tool's, so a later run may replace it."""
-    (tree / ".git" / PUBLISHED_MARKER).write_text("published by vllm-overlay; the next run may replace this tree\n")
+    """Mark ``tree`` (about to be published) as this tool's, so a later run may replace it.
+
+    The marker records the HEAD commit published: a later HEAD means the user committed there.
+    """
+    head = git.Repo(tree).head.commit.hexsha
+    text = f"published by vllm-overlay; the next run may replace this tree\nhead {head}\n"
+    (tree / ".git" / PUBLISHED_MARKER).write_text(text)
+
+
+def published_head(tree: Path) -> str | None:
+    """The HEAD commit this tool published at ``tree`` (None: unknown, e.g. a tree of an older version)."""
+    try:
+        text = (tree / ".git" / PUBLISHED_MARKER).read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("head ") and len(line) > 5:
+            return line[5:].strip()
+    return None
 
 
 def lock_path(output: Path) -> Path:

@@ -7,6 +7,7 @@ from pathlib import Path
 import git
 import pytest
 
+from tests.tool.conftest import IDENTITY
 from tests.tool.test_apply import change_line_20, run_apply
 from vllm_overlay import cli, lint
 
@@ -142,3 +143,34 @@ def test_an_unwritable_report_path_is_refused_before_any_work(built, upstream_di
     assert head(built) == before
     assert cli.main(["test-patches", "--project", str(built), "--junit", str(target)]) == 2
     assert capsys.readouterr().err.startswith("error: --junit ")
+
+
+def test_unexported_work_in_the_output_is_never_thrown_away(built, upstream_dir, capsys):
+    """A commit or an edit made in build/patched and not exported yet: refused until exported or discarded."""
+    tree = built / "build" / "patched"
+    repo = git.Repo(tree)
+    core = tree / "vllm" / "core.py"
+    core.write_text(core.read_text().replace("line_30 = 30\n", "line_30 = 300\n"))
+    assert apply_code(built, upstream_dir) == 2
+    err = capsys.readouterr().err
+    assert "uncommitted changes: vllm/core.py" in err and "--discard-unexported" in err
+    assert "line_30 = 300" in core.read_text()
+    with repo.git.custom_environment(**IDENTITY):
+        repo.git.commit("-aqm", "core: change line 30\n\nWhy.\n\nSeries: demo\n")
+    made = repo.head.commit.hexsha
+    assert apply_code(built, upstream_dir) == 2
+    assert "commits not exported to patches/" in capsys.readouterr().err
+    assert head(built) == made
+    # Exported: the work is in patches/ now, so the tree may be replaced (and gets it back from there).
+    assert cli.main(["export-patches", "--allow-other-upstream", "--project", str(built)]) == 0
+    assert apply_code(built, upstream_dir) == 0
+    assert "line_30 = 300" in core.read_text()
+
+
+def test_discard_unexported_replaces_the_output_on_purpose(built, upstream_dir):
+    tree = built / "build" / "patched"
+    (tree / "scratch.txt").write_text("throw me away\n")
+    where = ["--project", str(built), "--upstream", str(upstream_dir), "--base-upstream", str(upstream_dir)]
+    assert cli.main(["apply-patches", *where]) == 2
+    assert cli.main(["apply-patches", *where, "--discard-unexported"]) == 0
+    assert not (tree / "scratch.txt").exists()

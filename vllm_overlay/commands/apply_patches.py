@@ -21,7 +21,20 @@ from pathlib import Path
 
 import git
 
-from vllm_overlay import apply, indexes, interrupts, lock, output, project, rebase, report, series, sources
+from vllm_overlay import (
+    apply,
+    export,
+    indexes,
+    interrupts,
+    lock,
+    output,
+    project,
+    rebase,
+    report,
+    series,
+    sources,
+    staging,
+)
 from vllm_overlay.audit import DRIFTING
 from vllm_overlay.store import Store
 
@@ -47,6 +60,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="apply only this series (or this patch and nothing else); repeat for several",
     )
     parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the machine-readable report")
+    parser.add_argument(
+        "--discard-unexported",
+        action="store_true",
+        help="replace the output even though it holds commits or changes patches/ does not have "
+        "(refused without this flag: exit 2, naming them)",
+    )
     parser.add_argument(
         "--no-wait",
         dest="wait",
@@ -86,6 +105,20 @@ def _run(args: argparse.Namespace, proj: project.Project, target: Path) -> int:
     except (lock.LockError, series.SeriesError, sources.SourceError) as exc:
         output.error(str(exc))
         return 2
+    try:
+        staging.check_replaceable(target)  # the user's own directory: refused before anything else
+    except staging.OutputNotOurs as exc:
+        output.error(str(exc))
+        return 2
+    if target.is_dir() and not args.discard_unexported:
+        lost = export.unexported_work(target, proj.patches, staging.published_head(target))
+        if lost:
+            output.error(
+                f"{target} holds work that is not in patches/, which replacing it would throw away: "
+                + "; ".join(lost)
+                + ". Commit it and run scripts/export-patches first, or pass --discard-unexported to drop it"
+            )
+            return 2
     options = apply.Options(args.allow_offset, args.allow_fuzz, args.three_way)
     output.info(f"applying {len(patches)} patch(es) onto upstream {upstream.label} -> {target}")
     try:
