@@ -6,7 +6,7 @@ import json
 import os
 from pathlib import Path
 
-from vllm_overlay import atomicfile
+from vllm_overlay import atomicfile, output
 from vllm_overlay.apply import Report
 
 
@@ -65,6 +65,7 @@ def check_destinations(**paths: Path | None) -> None:
 def write_json(data: object, path: Path) -> None:
     """Write JSON atomically so a reader never sees half a report."""
     try:
-        atomicfile.write_bytes(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+        text = output.redact_credentials(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        atomicfile.write_bytes(path, text.encode("utf-8"))
     except OSError as exc:
         raise ReportPathError(f"--json {path}: cannot write there ({exc.strerror or exc})") from None

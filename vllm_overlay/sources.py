@@ -325,7 +325,7 @@ def _obtain_release(store: Store, lock: Lock, version: str, locked: bool) -> Ups
                 url = entry.url
             output.info(f"downloading {filename}")
             download(url, archive, sha256)
-            (store.downloads / f"{filename}.url").write_text(url + "\n")
+            (store.downloads / f"{filename}.url").write_text(output.redact_credentials(url) + "\n")
         output.info(f"importing {filename} into the upstream cache")
         commit = _import_release_archive(store, archive, tag)[0]
         marker.write_text(f"{sha256} {commit}\n")
@@ -342,7 +342,7 @@ def _obtain_release(store: Store, lock: Lock, version: str, locked: bool) -> Ups
         version=version,
         release_commit=release_commit,
         sha256=sha256,
-        origin=url or f"{index_url()}/{project}/ ({filename})",
+        origin=output.redact_credentials(url or f"{index_url()}/{project}/ ({filename})"),
     )
 
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from tests.tool.conftest import REPO_ROOT, write_upstream
-from vllm_overlay import indexes, lock, sources
+from tests.tool.test_apply import change_line_20
+from vllm_overlay import cli, indexes, lock, output, sources
 from vllm_overlay.store import Store
 
 
@@ -130,3 +131,42 @@ def test_unreadable_index_is_a_clear_error(tmp_path):
         sources.SourceError, match=re.escape("cannot read the package index at http://127.0.0.1:9/simple/vllm/")
     ):
         sources.release_files("vllm", "0.33.0")
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("https://alice:s3cret-token@index.example.invalid/simple", "https://alice:****@index.example.invalid/simple"),
+        ("https://s3cret-token@index.example.invalid/simple", "https://****@index.example.invalid/simple"),
+        ("https://index.example.invalid/simple", "https://index.example.invalid/simple"),
+        ("file:///srv/index", "file:///srv/index"),
+    ],
+)
+def test_credentials_of_a_url_are_masked_as_pip_masks_them(url, shown):
+    assert output.redact_credentials(f"cannot read {url}: refused") == f"cannot read {shown}: refused"
+
+
+def test_a_failing_index_with_a_token_never_prints_the_token(
+    project, make_patch, upstream_dir, store_env, capsys, tmp_path
+):
+    """The index pip is configured with may carry user:token: an error must name the host, not the secret."""
+    make_patch(upstream_dir, change_line_20, "core: change line 20")
+    index = "http://alice:s3cret-token@127.0.0.1:9/simple"  # port 9 (discard): nothing listens
+    report = tmp_path / "report.json"
+    code = cli.main(
+        [
+            "apply-patches",
+            "--project",
+            str(project),
+            "--upstream",
+            "0.32.0",
+            "--index-url",
+            index,
+            "--json",
+            str(report),
+        ]
+    )
+    captured = capsys.readouterr()
+    assert code == 2
+    assert "s3cret-token" not in captured.out + captured.err
+    assert "alice:****@127.0.0.1:9" in captured.err
