@@ -16,6 +16,8 @@ import pytest
 from tests.tool.conftest import PatchMaker, replace_line, write_upstream
 from vllm_overlay import cli, envs, junit, record, testrun
 from vllm_overlay.junit import Case
+from vllm_overlay.testrun.verdict_store import test_inputs as inputs_of
+from vllm_overlay.testrun.verdict_store import tests_digest as digest_of
 
 XUNIT1 = """<?xml version="1.0" encoding="utf-8"?>
 <testsuites><testsuite name="pytest">
@@ -377,3 +379,24 @@ def test_prune_removes_other_verdict_scopes(project, store_env) -> None:
     removed = {e.path for e in cache.prune(store, the_lock)}
     assert removed == {stale, store.root / "baselines"}
     assert current.exists() and not stale.exists()
+
+
+def test_a_helper_imported_from_a_sibling_folder_is_in_the_key(tmp_path: Path) -> None:
+    """A stale pass must not be reused after a helper the test imports (from another folder) changed."""
+    root = tmp_path / "project"
+    alpha, beta, gamma = (root / "tests" / "patches" / name for name in ("alpha", "beta", "gamma"))
+    for folder in (alpha, beta, gamma):
+        folder.mkdir(parents=True)
+    spec = "tests/patches/alpha/test_uses_helper.py"
+    (root / spec).write_text("import sys\nimport beta_harness\n\n\ndef test_x():\n    assert beta_harness.VALUE\n")
+    (beta / "beta_harness.py").write_text("from gamma_deep import VALUE\n")
+    (gamma / "gamma_deep.py").write_text("VALUE = 1\n")
+    (gamma / "unrelated.py").write_text("OTHER = 1\n")
+    inputs = inputs_of(root, spec)
+    assert "tests/patches/beta/beta_harness.py" in inputs and "tests/patches/gamma/gamma_deep.py" in inputs
+    assert "tests/patches/gamma/unrelated.py" not in inputs
+    before = digest_of(root, [spec])
+    (gamma / "unrelated.py").write_text("OTHER = 2\n")
+    assert digest_of(root, [spec]) == before  # what the test cannot import does not decide its verdict
+    (gamma / "gamma_deep.py").write_text("VALUE = 0\n")
+    assert digest_of(root, [spec]) != before

@@ -2,8 +2,9 @@
 
 A key is the digest of: the runner's own version, the test environment's key, the git tree id of
 the tested tree, the test specs, the content of every file the run can import from the project's
-tests (the spec's directory, and the ``*.py`` files of each directory above it: conftests and
-shared helpers), the pytest configuration, and the per-test timeout. Never a time or a branch
+tests (the spec's directory, the ``*.py`` files of each directory above it: conftests and shared
+helpers, and every module of the test directory those files import by name, transitively), the
+pytest configuration, and the per-test timeout. Never a time or a branch
 name: the same inputs give the same verdict, so a stored key reuses it without starting pytest
 (the idea of git-test, which skips trees already tested; Bazel's action cache keys on input
 digests the same way).
@@ -15,6 +16,7 @@ Writes are atomic (a reader never sees half an entry) and taken under the cache'
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
@@ -61,8 +63,41 @@ def _walk(root: Path, directory: Path) -> list[str]:
     return found
 
 
+def _imported_names(path: Path) -> set[str]:
+    """The top-level names ``path`` imports (``import a.b`` and ``from a.b import c``: ``a``)."""
+    try:
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except (OSError, SyntaxError, ValueError):
+        return set()
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".", 1)[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".", 1)[0])
+    return names
+
+
+def _module_files(root: Path, directories: list[Path], name: str) -> list[str]:
+    """The project files that would be imported as ``name`` from any of ``directories``."""
+    found: list[str] = []
+    for directory in directories:
+        module, package = directory / f"{name}.py", directory / name
+        if module.is_file():
+            found.append(module.relative_to(root).as_posix())
+        elif (package / "__init__.py").is_file():
+            found.extend(_walk(root, package))
+    return found
+
+
 def test_inputs(project_root: Path, spec: str) -> list[str]:
-    """The project files a run of ``spec`` can import: its directory, and ``*.py`` above it."""
+    """The project files a run of ``spec`` can import: its directory, ``*.py`` above it, and what they import.
+
+    A test may import a helper from a sibling folder (a shared harness next to another series'
+    tests, reached through sys.path): every module a collected file imports by name is looked for
+    in every folder of the spec's top-level test directory, transitively, so changing such a
+    helper changes the key.
+    """
     file = project_root / spec_file(spec)
     found = _walk(project_root, file.parent) if file.parent.is_dir() else [spec_file(spec)]
     directory = file.parent.parent
@@ -72,7 +107,18 @@ def test_inputs(project_root: Path, spec: str) -> list[str]:
         if directory == project_root or project_root not in directory.parents:
             break
         directory = directory.parent
-    return sorted(set(found))
+    parts = Path(spec_file(spec)).parts
+    top = project_root / parts[0] if len(parts) > 1 else project_root
+    folders = [top, *(d for d in sorted(top.rglob("*")) if d.is_dir() and not SKIP_PARTS.intersection(d.parts))]
+    pending, seen = [r for r in found if r.endswith(".py")], set(found)
+    while pending:
+        for name in _imported_names(project_root / pending.pop()):
+            for rel in _module_files(project_root, folders, name):
+                if rel not in seen:
+                    seen.add(rel)
+                    if rel.endswith(".py"):
+                        pending.append(rel)
+    return sorted(seen)
 
 
 def pytest_config(project_root: Path) -> str:
