@@ -63,6 +63,10 @@ class Report:
         }
 
 
+# Set in a tree that holds only a selection of the series (apply-patches --only).
+CONFIG_PARTIAL = "vllm-overlay.partial"
+
+
 class ApplyError(RuntimeError):
     """The run was refused before any status could be decided (unsafe paths, output busy)."""
 
@@ -157,6 +161,7 @@ def apply_series(
     seed_base: Callable[[], str | None] | None = None,
     wait: bool = True,
     on_wait: Callable[[int | None], None] | None = None,
+    partial: bool = False,
 ) -> Report:
     """Apply ``patches`` onto ``upstream`` into ``output``.
 
@@ -166,7 +171,8 @@ def apply_series(
     apply cleanly, and the blobs a 3-way merge needs are then recreated (``seed_preimages``).
     Another run on the same output is waited for (``on_wait`` is told its pid) or, with ``wait``
     off, refused with OutputBusy. Ctrl-C or SIGTERM raise Interrupted after the staging area is
-    removed and the git processes still running are ended.
+    removed and the git processes still running are ended. ``partial`` marks a tree that holds a
+    selection of the series (``--only``), so export never takes it for the whole series.
     """
     output = output.resolve()
     try:
@@ -176,7 +182,9 @@ def apply_series(
     output.parent.mkdir(parents=True, exist_ok=True)
     try:
         with staging.output_lock(output, wait=wait, on_wait=on_wait):
-            return _apply_locked(output, patches, upstream, checkout, options, progress, publish_partial, seed_base)
+            return _apply_locked(
+                output, patches, upstream, checkout, options, progress, publish_partial, seed_base, partial
+            )
     except staging.OutputBusy as exc:
         raise OutputBusy(str(exc)) from None
 
@@ -190,6 +198,7 @@ def _apply_locked(
     progress: Callable[[int, int, str], None] | None,
     publish_partial: bool,
     seed_base: Callable[[], str | None] | None,
+    partial: bool = False,
 ) -> Report:
     published = False
     area: staging.StagingArea | None = None
@@ -201,7 +210,7 @@ def _apply_locked(
             raise OutputNotOurs(str(exc)) from None
         staging.remove_leftovers(output)
         area = staging.create_staging(output)
-        results = _apply_in(area, patches, upstream, checkout, options, progress, seed_base)
+        results = _apply_in(area, patches, upstream, checkout, options, progress, seed_base, partial)
         if publish_partial or all(r.accepted for r in results):
             with interrupts.deferred():  # a signal during publish arrives once ``published`` is true
                 staging.publish(area, output)
@@ -226,11 +235,14 @@ def _apply_in(
     options: Options,
     progress: Callable[[int, int, str], None] | None,
     seed_base: Callable[[], str | None] | None,
+    partial: bool = False,
 ) -> list[PatchResult]:
     """Check out ``upstream`` in the staging area and classify (and commit, where accepted) each patch."""
     mails = write_mails(patches, area.mails)
     repo = checkout(area.tree)
     repo.git.config(CONFIG_UPSTREAM, upstream.commit)
+    if partial:
+        repo.git.config(CONFIG_PARTIAL, "true")
     faults.phase("checked-out")
     seeded = False
     tree_root = Path(repo.working_tree_dir or area.tree)

@@ -17,7 +17,7 @@ from pathlib import Path
 import git
 
 from vllm_overlay import atomicfile
-from vllm_overlay.apply import CONFIG_UPSTREAM
+from vllm_overlay.apply import CONFIG_PARTIAL, CONFIG_UPSTREAM
 from vllm_overlay.series import PATCH_FILE_TRAILER, SERIES_FILE, SERIES_NAME_RE, read_series, render_series
 
 FORMAT_PATCH_OPTIONS = (
@@ -203,13 +203,43 @@ def rendered(exported: list[ExportedPatch]) -> dict[str, bytes]:
     return files
 
 
+def rendered_partial(exported: list[ExportedPatch], patches_dir: Path) -> dict[str, bytes]:
+    """What patches/ should hold after exporting a tree that holds only part of the series (``--only``).
+
+    The patches the tree holds are written; every other listed patch stays as it is (the tree
+    cannot say anything about them), and the series keeps its order, a new patch going after the
+    last one of its series.
+    """
+    listed = [entry.path for entry in read_series(patches_dir)]
+    order = list(listed)
+    for patch in exported:
+        if patch.name in order:
+            continue
+        folder = patch.name.split("/", 1)[0] + "/"
+        same = [i for i, name in enumerate(order) if name.startswith(folder)]
+        order.insert(same[-1] + 1 if same else len(order), patch.name)
+    files = {p.name: p.content for p in exported}
+    files[SERIES_FILE] = render_series(order).encode("utf-8")
+    return files
+
+
+def is_partial(repo_dir: Path) -> bool:
+    """True for a tree apply-patches --only made: it holds a selection of the series, not all of it."""
+    try:
+        return git.Repo(repo_dir).git.config("--get", "--type=bool", CONFIG_PARTIAL) == "true"
+    except git.GitCommandError:
+        return False
+
+
 def stale_files(patches_dir: Path, wanted: dict[str, bytes]) -> list[str]:
     """Patch files listed in the current series that the export no longer produces."""
     try:
         listed = [entry.path for entry in read_series(patches_dir)]
     except ValueError:
         listed = []
-    return [name for name in listed if name not in wanted]
+    series_text = wanted.get(SERIES_FILE, b"").decode("utf-8", "replace")
+    still_listed = {line.split("#", 1)[0].strip() for line in series_text.splitlines()}
+    return [name for name in listed if name not in wanted and name not in still_listed]
 
 
 def differences(patches_dir: Path, wanted: dict[str, bytes]) -> list[str]:

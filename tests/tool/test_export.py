@@ -214,3 +214,29 @@ def test_commits_that_cannot_be_one_patch_are_refused(project, make_patch, upstr
     says = {"merge": "is a merge commit", "empty": "changes nothing", "gitattributes": "changes .gitattributes"}[kind]
     assert says in err and "nothing was written" in err
     assert snapshot(project / "patches") == before
+
+
+def test_export_of_an_only_tree_keeps_the_other_series_files(project, make_patch, upstream_dir, store_env, capsys):
+    """apply-patches --only alpha, then export: beta's patch file (and an edit in it) is not touched."""
+    make_patch(upstream_dir, change_line_20, "core: change line 20", "alpha")
+    beta = make_patch(
+        upstream_dir, lambda t: replace_line(t / "vllm" / "core.py", "line_5 = 5\n", "line_5 = 50\n"), "b", "beta"
+    )
+    assert run_apply(project, upstream_dir)[0] == 0
+    assert _export(project, "--allow-other-upstream") == 0  # normalise the hand-made series once
+    beta.write_bytes(beta.read_bytes().replace(b"Why and how.", b"Why and how, edited by hand."))
+    before = snapshot(project / "patches")
+    assert run_apply(project, upstream_dir, "--only", "alpha")[0] == 0
+    tree = project / "build" / "patched"
+    repo = git.Repo(tree)
+    replace_line(tree / "vllm" / "core.py", "line_30 = 30\n", "line_30 = 300\n")
+    with repo.git.custom_environment(**IDENTITY):
+        repo.git.commit("-aqm", "core: change line 30\n\nWhy.\n\nSeries: alpha\n")
+    capsys.readouterr()
+    assert _export(project, "--allow-other-upstream") == 0
+    out = capsys.readouterr()
+    after = snapshot(project / "patches")
+    assert after["beta/b.patch"] == before["beta/b.patch"]  # the hand edit survives
+    assert "removed" not in out.out and "beta" not in out.out
+    names = [line for line in after["series"].decode().splitlines() if line and not line.startswith("#")]
+    assert names == ["alpha/core-change-line-20.patch", "alpha/core-change-line-30.patch", "beta/b.patch"]

@@ -132,6 +132,7 @@ def _run(args: argparse.Namespace, proj: project.Project, target: Path) -> int:
             seed_base=lambda: base_upstream(args.base_upstream, the_lock, store, upstream).commit,
             wait=args.wait,
             on_wait=output.waiting_for(target),
+            partial=bool(args.only),
         )
     except (apply.ApplyError, sources.SourceError) as exc:
         output.error(str(exc))

@@ -8,7 +8,9 @@ Dockerfile (series block, provenance defaults: what `docker build .` reads) are 
 The patched repository must be built on the locked release (tag upstream/<version>, as
 apply-patches leaves it); a tree applied onto another upstream is refused (exit 2) unless
 --allow-other-upstream says so. Merge commits, empty commits and commits that change a
-.gitattributes file (binary patches) are refused, naming the commit.
+.gitattributes file (binary patches) are refused, naming the commit. A tree apply-patches
+--only made holds part of the series: only its patches are written, every other patch file and
+its place in patches/series are left as they are.
 
 It reads the patched repository under that tree's lock (an apply-patches run replacing it is
 waited for) and writes patches/ under patches/'s own lock (one export at a time); --no-wait exits 2
@@ -65,8 +67,10 @@ def _export(args: argparse.Namespace, proj: project.Project, repo_dir: Path) -> 
     try:
         if not args.allow_other_upstream:
             export.check_locked_upstream(repo_dir, lock.load(proj.lock_file).version)
-        wanted = export.rendered(export.export_commits(repo_dir))
-    except (export.ExportError, lock.LockError) as exc:
+        exported = export.export_commits(repo_dir)
+        partial = export.is_partial(repo_dir)
+        wanted = export.rendered_partial(exported, proj.patches) if partial else export.rendered(exported)
+    except (export.ExportError, lock.LockError, series.SeriesError) as exc:
         output.error(str(exc))
         return 2
     if args.check:
@@ -77,10 +81,17 @@ def _export(args: argparse.Namespace, proj: project.Project, repo_dir: Path) -> 
             return 1
         output.info(f"patches/ is up to date ({len(wanted) - 1} patches)")
         return 0
+    removed = set(export.stale_files(proj.patches, wanted))
     changed = export.write(proj.patches, wanted)
     for name in changed:
-        output.result(f"wrote patches/{name}")
-    output.info(f"{len(wanted) - 1} patches exported; {len(changed)} file(s) changed")
+        output.result(f"{'removed' if name in removed else 'wrote'} patches/{name}")
+    if partial:
+        output.info(
+            f"{len(exported)} patch(es) exported from a tree apply-patches --only made; the other patches "
+            "listed in patches/series were left as they are"
+        )
+    else:
+        output.info(f"{len(wanted) - 1} patches exported; {len(changed)} file(s) changed")
     refresh_dockerfile(proj)  # also when patches/ was already written by an earlier export
     return 0
 
