@@ -13,6 +13,7 @@ saved patches/ and upstream.lock at any point until they are committed.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
@@ -161,10 +162,10 @@ def start(
         refuse_foreign(repo_dir)
         shutil.rmtree(repo_dir)
     repo = sources.checkout(store, upstream, repo_dir)
+    BumpState(spec, upstream.to_json()).save(repo_dir)  # first: from now on --abort knows it is ours
     repo.git.config(apply.CONFIG_UPSTREAM, upstream.commit)
     enable_rerere(repo, repo_dir)
     apply.seed_preimages(repo, seed_base, patches)
-    BumpState(spec, upstream.to_json()).save(repo_dir)
     queue = Path(repo.git_dir) / "vllm-overlay-patches"
     queue.mkdir()
     files = []
@@ -319,7 +320,9 @@ def abort(repo_dir: Path, patches_dir: Path | None = None, lock_file: Path | Non
         said.append("patches/ and upstream.lock were not changed by this bump")
     repo = git.Repo(repo_dir)
     if am_in_progress(repo):
-        repo.git.am("--abort")
+        # An interrupted am may have left its state half-written; the repository goes anyway.
+        with contextlib.suppress(git.GitCommandError):
+            repo.git.am("--abort")
     shutil.rmtree(repo_dir)
     said.append(f"{repo_dir} removed (recorded resolutions kept in {rr_cache_dir(repo_dir)})")
     return said

@@ -4,12 +4,16 @@ upstream.lock change only on success and --abort restores them, recorded resolut
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
+import subprocess
 
 import git
 import pytest
 
 from tests.tool.conftest import REPO_ROOT, replace_line, write_upstream
 from tests.tool.test_apply import change_line_20
+from tests.tool.test_apply_faults import Forked, alive, wait_for
 from vllm_overlay import bump, cli, lock, series, sources
 from vllm_overlay.commands import bump_upstream
 from vllm_overlay.store import Store
@@ -176,3 +180,35 @@ def test_bump_never_touches_a_repository_it_did_not_make(project, command, tmp_p
     after = {p.relative_to(foreign).as_posix(): p.read_bytes() for p in sorted(foreign.rglob("*")) if p.is_file()}
     assert after == before
     assert snapshot(project) == project_before
+
+
+STOP_AT_AM = """#!/bin/sh
+if [ "$1" = am ] && [ "$2" = --3way ]; then echo $$ > "{marker}"; exec sleep 30; fi
+exec {git} "$@"
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_bump_ends_its_git_and_abort_then_cleans_up(project, command, tmp_path, sig):
+    run, _tests_pass = command
+    before = snapshot(project)
+    bin_dir, marker = tmp_path / "bin", tmp_path / "am.pid"
+    bin_dir.mkdir()
+    real_git = subprocess.check_output(["which", "git"], text=True).strip()
+    (bin_dir / "git").write_text(STOP_AT_AM.format(marker=marker, git=real_git))
+    (bin_dir / "git").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "GIT_PYTHON_GIT_EXECUTABLE": str(bin_dir / "git")}
+    process = Forked(["bump", "--project", str(project), "0.34.0"], env=env)
+    child = wait_for(marker, process)
+    os.kill(process.pid, sig)
+    code, err = process.wait()
+    repo_dir = project / "build" / "bump"
+    assert code == 130 and "Traceback" not in err
+    assert err.splitlines()[-1] == (
+        f"error: interrupted; patches/ and upstream.lock unchanged (the bump's repository stays in {repo_dir}: "
+        "--continue or --abort)"
+    )
+    assert not alive(child)
+    assert snapshot(project) == before
+    assert run("--abort") == 0
+    assert not repo_dir.exists() and snapshot(project) == before

@@ -18,15 +18,17 @@ them. Run audit-upstream first to see what to expect.
 touch or remove anything else there (exit 2).
 
 Exit codes: 0 bumped (and tests passed); 1 stopped at a conflict, refused, or tests failed (patches/
-and upstream.lock restored); 2 usage/input error (a --repo bump did not make included).
+and upstream.lock restored); 2 usage/input error (a --repo bump did not make included); 130 interrupted
+(Ctrl-C or SIGTERM: git children ended, one line saying what --abort would restore).
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 from pathlib import Path
 
-from vllm_overlay import bump, cli, indexes, lock, output, project, series, sources
+from vllm_overlay import bump, cli, indexes, interrupts, lock, output, project, series, sources
 from vllm_overlay.store import Store
 
 
@@ -44,6 +46,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     proj = project.from_args(args)
     repo_dir = (args.repo or proj.build / "bump").resolve()
+    existed = repo_dir.exists()
+    with interrupts.terminate_as_interrupt():
+        try:
+            return _run(args, proj, repo_dir)
+        except KeyboardInterrupt:
+            interrupts.end_child_processes()
+    if args.version and not existed and repo_dir.exists() and not bump.made_by_bump(repo_dir):
+        shutil.rmtree(repo_dir, ignore_errors=True)  # cut short before it was a bump's repository: ours alone
+    backup = repo_dir / ".git" / bump.BACKUP_DIR
+    if backup.exists():
+        output.error("interrupted while patches/ and upstream.lock were rewritten: scripts/bump --abort restores them")
+    else:
+        output.error(
+            "interrupted; patches/ and upstream.lock unchanged"
+            + (
+                f" (the bump's repository stays in {repo_dir}: --continue or --abort)"
+                if bump.made_by_bump(repo_dir)
+                else ""
+            )
+        )
+    return 130
+
+
+def _run(args: argparse.Namespace, proj: project.Project, repo_dir: Path) -> int:
     store = Store()
     if sum([bool(args.version), args.resume, args.abort]) != 1:
         output.error("give exactly one of: VERSION, --continue, --abort")
