@@ -216,6 +216,10 @@ def _apply_locked(
                 staging.publish(area, output)
                 published = True
         return Report(upstream=upstream, output=str(output), results=results, published=published)
+    except OSError as exc:  # the machine's, not a patch's: a full disk, a read-only file system
+        where = f" ({exc.filename})" if exc.filename else ""
+        state = "already holds the new tree" if published else "unchanged"
+        raise ApplyError(f"cannot write beside {output}: {exc.strerror or exc}{where}; {output} {state}") from None
     except KeyboardInterrupt:
         interrupts.end_child_processes()
         raise Interrupted(output, published) from None

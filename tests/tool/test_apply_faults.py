@@ -206,3 +206,84 @@ def test_two_rename_publish_where_no_exchange_is_possible(built, project, upstre
     assert run_apply(project, upstream_dir)[0] == 0
     assert "line_5 = 50\n" in (built / "vllm/core.py").read_text()
     assert beside(built) == [".patched.lock", "patched"]
+
+
+def _git_processes_under(root: Path) -> list[int]:
+    """git processes working under ``root`` that this test process did not start (a killed run's orphans).
+
+    GitPython keeps ``git cat-file --batch`` children of the test's own Repo objects: those are ours.
+    """
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            cwd = os.readlink(proc / "cwd")
+            stat = (proc / "stat").read_text()
+        except OSError:
+            continue
+        parent = int(stat[stat.rindex(")") + 2 :].split()[1])
+        if parent == os.getpid():
+            continue
+        if cmdline and Path(cmdline[0].decode(errors="replace")).name == "git" and cwd.startswith(str(root)):
+            found.append(int(proc.name))
+    return found
+
+
+def test_sigkill_at_twenty_random_moments_then_a_normal_run(built, project, upstream_dir, tmp_path):
+    """Killed anywhere (20 moments, seeded), the output stays one whole tree and the next run recovers."""
+    import random
+
+    reference = tmp_path / "reference"
+    assert run_apply(project, upstream_dir, "--output", str(reference))[0] == 0
+    wanted_tree = git.Repo(reference).head.commit.tree.hexsha
+    moments = random.Random(20261201)
+    for _ in range(20):
+        before = snapshot(built)
+        process = cli_process(project, upstream_dir, "--discard-unexported")
+        time.sleep(moments.uniform(0.0, 1.5))
+        process.kill()
+        process.communicate(timeout=60)
+        now = snapshot(built)  # whole at every instant: the old tree or the new one
+        assert now == before or "line_5 = 50\n" in now[2]
+    assert run_apply(project, upstream_dir)[0] == 0
+    repo = git.Repo(built)
+    assert repo.head.commit.tree.hexsha == wanted_tree
+    assert repo.git.fsck("--no-progress", "--full") == ""
+    assert beside(built) == [".patched.lock", "patched"]
+    deadline = time.monotonic() + 10  # a killed run's git children exit once their pipe closes
+    while _git_processes_under(project) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = _git_processes_under(project)
+    assert left == [], [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in left]
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 2 MiB tmpfs (needs root and mount(2)); skipped where it cannot be mounted."""
+    mount_point = tmp_path / "small"
+    mount_point.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount_point)], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.decode(errors='replace').strip()}")
+    yield mount_point
+    subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def test_output_file_system_full_keeps_the_previous_tree(built, project, upstream_dir, small_tmpfs, capsys):
+    target = small_tmpfs / "patched"
+    assert run_apply(project, upstream_dir, "--output", str(target))[0] == 0
+    before = snapshot(target)
+    filler = small_tmpfs / "filler"
+    with open(filler, "wb") as handle:  # leave a few KiB: the next run's clone cannot fit
+        free = os.statvfs(small_tmpfs).f_bavail * os.statvfs(small_tmpfs).f_frsize
+        handle.write(b"\0" * max(free - 8192, 0))
+    capsys.readouterr()
+    code, _report = run_apply(project, upstream_dir, "--output", str(target), "--discard-unexported")
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert "No space left on device" in err and f"{target} unchanged" in err
+    filler.unlink()
+    assert snapshot(target) == before
+    assert git.Repo(target).git.fsck("--no-progress") == ""
