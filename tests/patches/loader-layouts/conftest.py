@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Shared builders for the loader-layouts regression tests.
 
 The PLE embedding is sharded over the embedding-tensor-parallel (ETP) group.
@@ -144,6 +145,57 @@ def shell_eagle_proposer():
         proposer.model = draft
         proposer.vllm_config = vllm_config
         proposer.use_local_argmax_reduction = False
+        return proposer
+
+    return build
+
+
+@pytest.fixture
+def cpu_attention_backend(monkeypatch: pytest.MonkeyPatch):
+    """Lets a draft or target with attention layers be built on this CPU-only machine.
+
+    ``Attention`` asks the platform for a backend; with no accelerator the
+    platform is ``UnspecifiedPlatform``, which offers none ("Invalid attention
+    backend for None"). Only its ``get_attn_backend_cls`` is replaced by
+    ``CpuPlatform``'s -- vLLM's own selector tests put ``CpuPlatform`` in place
+    for the same reason -- so every other platform query is unchanged. The
+    attention layers are built, never run.
+    """
+    from vllm.platforms import current_platform
+    from vllm.platforms.cpu import CpuPlatform
+    from vllm.v1.attention import selector
+
+    monkeypatch.setattr(current_platform, "get_attn_backend_cls", CpuPlatform.get_attn_backend_cls)
+    yield
+    # The selector caches its answer without the platform in the key.
+    selector._cached_get_attn_backend.cache_clear()
+
+
+@pytest.fixture
+def shell_proposer():
+    """Call with ``(proposer_class, vllm_config)``: a real v1 proposer built without
+    ``__init__``, so that its real ``load_model`` can run on the CPU.
+
+    ``SpecDecodeBaseProposer.__init__`` allocates pinned host buffers
+    (``CpuGpuBuffer``, ``pin_memory=True`` here), and pinning needs a CUDA
+    driver. The shell gets the attributes ``__init__`` sets that ``load_model``
+    and the sharing steps read, computed from the config as ``__init__``
+    computes them; every method is the class's own.
+    """
+
+    def build(proposer_class: type, vllm_config, *, pass_hidden_states_to_model: bool = True):
+        speculative_config = vllm_config.speculative_config
+        proposer = object.__new__(proposer_class)
+        proposer.vllm_config = vllm_config
+        proposer.speculative_config = speculative_config
+        proposer.draft_model_config = speculative_config.draft_model_config
+        proposer.method = speculative_config.method
+        proposer.pass_hidden_states_to_model = pass_hidden_states_to_model
+        proposer.supports_mm_inputs = vllm_config.model_config.supports_multimodal_inputs
+        proposer.parallel_drafting = speculative_config.parallel_drafting
+        proposer.parallel_drafting_hidden_state_tensor = None
+        proposer.use_local_argmax_reduction = speculative_config.use_local_argmax_reduction
+        proposer._share_mtp_indices = False
         return proposer
 
     return build

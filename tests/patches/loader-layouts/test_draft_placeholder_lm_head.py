@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """A draft checkpoint without an lm_head must not have its placeholder processed.
 
 An EAGLE-3 draft builds an lm_head whether or not its checkpoint has one; the
@@ -13,6 +14,18 @@ safetensors checkpoint in a temporary folder, beside a real target
 ``ModelConfig``/``SpeculativeConfig``/``VllmConfig``. Distributed state is a real
 single-process gloo group.
 
+The check after sharing asks only for what the loader released. Drafts that
+never had a top-level head or embedding load as on 0.33.0: a tiny Gemma2
+(tied, no ``lm_head``) and a tiny OPT (``model.decoder.embed_tokens``) drafted
+by the v1 ``draft_model`` method, loaded as the main model of their own config
+through the real ``DraftModelProposer.load_model``. Under PP > 1 the v1
+proposer never shares an embedding, so the loader keeps it: an EAGLE-3 draft
+whose checkpoint has none starts, as on 0.33.0, with a warning that its
+embedding was never initialized. The proposers are built without
+``__init__``, whose pinned host buffers need a CUDA driver (conftest's
+``shell_proposer``); the attention layers get ``CpuPlatform``'s backend
+(conftest's ``cpu_attention_backend``).
+
 Seams: ``process_weights_after_loading`` of the quantization methods is
 wrapped to record which layers it processed (the unquantized method still
 runs). For the ModelOpt FP8 draft, kernel selection
@@ -21,13 +34,12 @@ scaled-mm kernels that do not exist on CPU, so a stand-in kernel is selected
 and the FP8 method's ``process_weights_after_loading`` only records the layer.
 """
 
-import json
-import os
+import logging
+from types import SimpleNamespace
 
 import pytest
 import torch
-from draft_loading import load_speculative_draft
-from safetensors.torch import save_file
+from draft_loading import load_speculative_draft, load_target, speculative_vllm_config, write_checkpoint
 from vllm.config import (
     DeviceConfig,
     LoadConfig,
@@ -42,6 +54,7 @@ from vllm.model_executor.layers.vocab_parallel_embedding import (
     VocabParallelEmbedding,
 )
 from vllm.model_executor.model_loader import DefaultModelLoader, base_loader
+from vllm.model_executor.models.utils import PPMissingLayer
 
 HIDDEN = 64
 VOCAB = 256
@@ -59,20 +72,12 @@ LLAMA = dict(
 )
 
 
-def _write_model(path, config: dict, tensors: dict[str, torch.Tensor]) -> str:
-    os.makedirs(path)
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(config, f)
-    save_file(tensors, os.path.join(path, "model.safetensors"))
-    return str(path)
-
-
 def _load_draft(tmp_path, *, draft_tensors, quantization_config=None):
     return _load_draft_with_config(tmp_path, draft_tensors=draft_tensors, quantization_config=quantization_config)[0]
 
 
 def _load_draft_with_config(tmp_path, *, draft_tensors, quantization_config=None):
-    target = _write_model(
+    target = write_checkpoint(
         tmp_path / "target",
         dict(LLAMA, architectures=["LlamaForCausalLM"]),
         {"lm_head.weight": torch.zeros(VOCAB, HIDDEN, dtype=torch.bfloat16)},
@@ -80,7 +85,7 @@ def _load_draft_with_config(tmp_path, *, draft_tensors, quantization_config=None
     draft_config = dict(LLAMA, architectures=["Eagle3LlamaForCausalLM"], num_hidden_layers=0)
     if quantization_config is not None:
         draft_config["quantization_config"] = quantization_config
-    draft = _write_model(tmp_path / "draft", draft_config, draft_tensors)
+    draft = write_checkpoint(tmp_path / "draft", draft_config, draft_tensors)
 
     return load_speculative_draft(target, "eagle3", draft)
 
@@ -171,7 +176,7 @@ def test_quantized_draft_does_not_quantize_its_placeholder_head(gloo_world, tmp_
 def test_model_loaded_as_its_own_main_model_keeps_its_head(gloo_world, tmp_path):
     """LlamaForCausalLM supports EAGLE and never sets has_own_lm_head, yet as
     the main model (a target, or a standalone draft model) it keeps its head."""
-    target = _write_model(
+    target = write_checkpoint(
         tmp_path / "target",
         dict(LLAMA, architectures=["LlamaForCausalLM"], num_hidden_layers=0),
         {
@@ -226,3 +231,189 @@ def test_draft_whose_head_was_shared_passes_the_check(gloo_world, tmp_path, shel
 
     base_loader.check_draft_placeholders_shared(draft, vllm_config)
     assert draft.lm_head is target.lm_head
+
+
+# Drafts that keep what they build: only the speculative draft of an EAGLE/MTP
+# method has placeholders released, so only that draft may be asked for them.
+
+
+def _gemma2_checkpoint(path) -> tuple[str, dict[str, torch.Tensor]]:
+    """A tiny Gemma2ForCausalLM: tied, so no lm_head -- its logits use model.embed_tokens."""
+    config = dict(
+        model_type="gemma2",
+        architectures=["Gemma2ForCausalLM"],
+        hidden_size=HIDDEN,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        query_pre_attn_scalar=16,
+        vocab_size=VOCAB,
+        max_position_embeddings=128,
+        sliding_window=64,
+        tie_word_embeddings=True,
+        torch_dtype="bfloat16",
+    )
+    p = "model.layers.0"
+    shapes = {
+        "model.embed_tokens.weight": (VOCAB, HIDDEN),
+        "model.norm.weight": (HIDDEN,),
+        f"{p}.self_attn.q_proj.weight": (64, HIDDEN),
+        f"{p}.self_attn.k_proj.weight": (32, HIDDEN),
+        f"{p}.self_attn.v_proj.weight": (32, HIDDEN),
+        f"{p}.self_attn.o_proj.weight": (HIDDEN, 64),
+        f"{p}.mlp.gate_proj.weight": (128, HIDDEN),
+        f"{p}.mlp.up_proj.weight": (128, HIDDEN),
+        f"{p}.mlp.down_proj.weight": (HIDDEN, 128),
+        f"{p}.input_layernorm.weight": (HIDDEN,),
+        f"{p}.post_attention_layernorm.weight": (HIDDEN,),
+        f"{p}.pre_feedforward_layernorm.weight": (HIDDEN,),
+        f"{p}.post_feedforward_layernorm.weight": (HIDDEN,),
+    }
+    tensors = {name: torch.randn(shape).to(torch.bfloat16) for name, shape in shapes.items()}
+    return write_checkpoint(path, config, tensors), tensors
+
+
+def _opt_checkpoint(path) -> tuple[str, dict[str, torch.Tensor]]:
+    """A tiny OPTForCausalLM: its embedding is model.decoder.embed_tokens, the head tied to it."""
+    config = dict(
+        model_type="opt",
+        architectures=["OPTForCausalLM"],
+        hidden_size=HIDDEN,
+        word_embed_proj_dim=HIDDEN,
+        ffn_dim=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        vocab_size=VOCAB,
+        max_position_embeddings=128,
+        do_layer_norm_before=True,
+        tie_word_embeddings=True,
+        torch_dtype="bfloat16",
+    )
+    p = "decoder.layers.0"
+    shapes = {
+        "decoder.embed_tokens.weight": (VOCAB, HIDDEN),
+        # OPT's learned positions are offset by 2.
+        "decoder.embed_positions.weight": (128 + 2, HIDDEN),
+        "decoder.final_layer_norm.weight": (HIDDEN,),
+        "decoder.final_layer_norm.bias": (HIDDEN,),
+        f"{p}.self_attn_layer_norm.weight": (HIDDEN,),
+        f"{p}.self_attn_layer_norm.bias": (HIDDEN,),
+        f"{p}.final_layer_norm.weight": (HIDDEN,),
+        f"{p}.final_layer_norm.bias": (HIDDEN,),
+        f"{p}.fc1.weight": (128, HIDDEN),
+        f"{p}.fc1.bias": (128,),
+        f"{p}.fc2.weight": (HIDDEN, 128),
+        f"{p}.fc2.bias": (HIDDEN,),
+    }
+    for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
+        shapes[f"{p}.self_attn.{proj}.weight"] = (HIDDEN, HIDDEN)
+        shapes[f"{p}.self_attn.{proj}.bias"] = (HIDDEN,)
+    tensors = {name: torch.randn(shape).to(torch.bfloat16) for name, shape in shapes.items()}
+    return write_checkpoint(path, config, tensors), tensors
+
+
+def _draft_embedding(draft: torch.nn.Module, kind: str) -> torch.nn.Module:
+    return draft.model.decoder.embed_tokens if kind == "opt" else draft.model.embed_tokens
+
+
+@pytest.mark.parametrize(
+    ("kind", "checkpoint", "embedding_name"),
+    [
+        ("gemma2", _gemma2_checkpoint, "model.embed_tokens.weight"),
+        ("opt", _opt_checkpoint, "decoder.embed_tokens.weight"),
+    ],
+)
+def test_draft_model_without_top_level_head_or_embedding_loads(
+    gloo_world, cpu_attention_backend, shell_proposer, tmp_path, kind, checkpoint, embedding_name
+):
+    """The v1 draft_model method loads a small model of the target's family as
+    the main model of its own config; the proposer shares nothing with it.
+    Gemma2 has no lm_head (its logits use the embedding); OPT's embedding is
+    model.decoder.embed_tokens. Both are complete as they are and load as on
+    0.33.0, through the real DraftModelProposer.load_model."""
+    from vllm.v1.spec_decode.draft_model import DraftModelProposer
+
+    target_path, _ = checkpoint(tmp_path / "target")
+    draft_path, tensors = checkpoint(tmp_path / "draft")
+    vllm_config = speculative_vllm_config(target_path, "draft_model", draft_path)
+    target = load_target(vllm_config)
+    proposer = shell_proposer(DraftModelProposer, vllm_config, pass_hidden_states_to_model=False)
+    with set_current_vllm_config(vllm_config):
+        proposer.load_model(target)
+
+    draft = proposer.model
+    assert type(draft) is type(target)
+    embedding = _draft_embedding(draft, kind)
+    assert embedding is not _draft_embedding(target, kind)
+    torch.testing.assert_close(embedding.weight.data[:VOCAB], tensors[embedding_name])
+    if kind == "gemma2":
+        assert not hasattr(draft, "lm_head")
+    else:
+        assert draft.lm_head.weight is embedding.weight
+
+
+class _LastStageTarget(torch.nn.Module):
+    """The last PP stage of a Llama target: its head, and no embedding (PPMissingLayer)."""
+
+    def __init__(self):
+        super().__init__()
+        self.model = torch.nn.Module()
+        self.model.embed_tokens = PPMissingLayer()
+        self.lm_head = ParallelLMHead(VOCAB, HIDDEN)
+
+
+def _load_pp2_eagle3_draft(tmp_path, shell_proposer, monkeypatch):
+    """PP = 2 on the v1 runner, this rank the last stage, an EAGLE-3 draft with
+    neither embedding nor head in its checkpoint (EAGLE-3 checkpoints ship no
+    embedding), through the real EagleProposer.load_model. Seam: get_pp_group
+    in the v1 proposer reports a 2-stage group -- vLLM's own
+    test_eagle.py::test_load_model does the same; a real second stage would be
+    a second process. The loader reads the PP size from the config."""
+    from vllm.v1.spec_decode import llm_base_proposer
+    from vllm.v1.spec_decode.eagle import EagleProposer
+
+    target_path = write_checkpoint(
+        tmp_path / "target",
+        dict(LLAMA, architectures=["LlamaForCausalLM"]),
+        {"lm_head.weight": torch.zeros(VOCAB, HIDDEN, dtype=torch.bfloat16)},
+    )
+    draft_path = write_checkpoint(
+        tmp_path / "draft",
+        dict(LLAMA, architectures=["Eagle3LlamaForCausalLM"], num_hidden_layers=0),
+        _draft_weights(),
+    )
+    vllm_config = speculative_vllm_config(target_path, "eagle3", draft_path, pipeline_parallel_size=2)
+    stages = SimpleNamespace(world_size=2, rank_in_group=1, is_first_rank=False, is_last_rank=True)
+    monkeypatch.setattr(llm_base_proposer, "get_pp_group", lambda: stages)
+    target = _LastStageTarget()
+    proposer = shell_proposer(EagleProposer, vllm_config)
+    with set_current_vllm_config(vllm_config):
+        proposer.load_model(target)
+    return proposer.model, target
+
+
+def test_pp2_eagle3_draft_without_embedding_starts_as_on_0_33_0(gloo_world, tmp_path, shell_proposer, monkeypatch):
+    """The v1 proposer shares the target's head on the last stage but never
+    the embedding under PP > 1, so 0.33.0 runs this draft with the embedding
+    it built. That deployment starts and serves correct text (the target
+    verifies every draft token), so it must still start: the embedding is
+    kept, and the head is the target's."""
+    draft, target = _load_pp2_eagle3_draft(tmp_path, shell_proposer, monkeypatch)
+
+    assert draft.has_own_embed_tokens is False
+    assert isinstance(draft.model.embed_tokens, VocabParallelEmbedding)
+    assert draft.lm_head is target.lm_head
+
+
+def test_pp2_eagle3_draft_without_embedding_is_warned_about(gloo_world, tmp_path, shell_proposer, monkeypatch, caplog):
+    """What 0.33.0 leaves unsaid: the kept embedding was never initialized."""
+    with caplog.at_level(logging.WARNING, logger="vllm.v1.spec_decode.llm_base_proposer"):
+        _load_pp2_eagle3_draft(tmp_path, shell_proposer, monkeypatch)
+
+    assert any(
+        "Draft model Eagle3LlamaForCausalLM has no embed_tokens in its checkpoint" in record.getMessage()
+        and "uninitialized weights" in record.getMessage()
+        for record in caplog.records
+    )

@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """An MTP draft's never-loaded lm_head is released before post-processing.
 
 ``Qwen3_5MTP`` builds a top-level ``ParallelLMHead`` with the draft's quant
@@ -8,10 +9,23 @@ checkpoint provided it is decided from the names its ``load_weights``
 reported -- not the set ``DefaultModelLoader``'s weight tracking adds every
 post-processed module to.
 
+``Step3p5MTP`` has no top-level head at all: each MTP layer computes its
+logits with its own ``shared_head.head``, loaded from the checkpoint
+(``has_own_lm_head = True``; the v1 ``Step3p5MTPProposer`` shares no head).
+Nothing of it is released, so the check after sharing must not ask for a
+top-level ``lm_head``: on both model runners it loads as it does on 0.33.0.
+
 The tests load the real ``Qwen3_5MTP`` (one MTP layer, tiny sizes) with the
 real ``DefaultModelLoader`` from a safetensors checkpoint in a temporary
 folder, as ``SpeculativeConfig(method="mtp")`` derives it from a real
-``qwen3_5`` target config, in a real single-process gloo group.
+``qwen3_5`` target config, in a real single-process gloo group. The
+Step-3.5 tests load the real ``Step3p5MTP`` draft (one dense MTP layer) from
+a tiny Step-3.5 checkpoint through the real load paths of both runners: v1
+``Step3p5MTPProposer.load_model`` (on an instance built without
+``__init__``, whose pinned buffers need a CUDA driver: see ``shell_proposer``)
+and v2 ``load_eagle_model`` (what ``MTPSpeculator`` calls). Their target is
+a stand-in with an embedding and a head: ``Step3p5ForCausalLM`` refuses to
+build without MoE layers, and the fused-MoE layers need GPU kernels.
 
 Seams: ``process_weights_after_loading`` of the unquantized embedding method
 is wrapped to record the layers it processes (the original still runs). The
@@ -28,16 +42,14 @@ import json
 
 import pytest
 import torch
-from draft_loading import load_speculative_draft
+from draft_loading import load_speculative_draft, speculative_vllm_config, write_checkpoint
 from safetensors.torch import save_file
+from vllm.config import set_current_vllm_config
 from vllm.model_executor.layers.vocab_parallel_embedding import (
     ParallelLMHead,
     UnquantizedEmbeddingMethod,
 )
 from vllm.model_executor.model_loader import base_loader
-from vllm.platforms import current_platform
-from vllm.platforms.cpu import CpuPlatform
-from vllm.v1.attention import selector
 
 HIDDEN = 64
 VOCAB = 256
@@ -79,14 +91,6 @@ def _mtp_tensors() -> dict[str, torch.Tensor]:
         "mtp.pre_fc_norm_embedding.weight": (HIDDEN,),
     }
     return {name: torch.randn(shape).to(DTYPE) for name, shape in shapes.items()}
-
-
-@pytest.fixture
-def cpu_attention_backend(monkeypatch):
-    monkeypatch.setattr(current_platform, "get_attn_backend_cls", CpuPlatform.get_attn_backend_cls)
-    yield
-    # The selector caches its answer without the platform in the key.
-    selector._cached_get_attn_backend.cache_clear()
 
 
 @pytest.fixture
@@ -190,3 +194,97 @@ def test_mtp_draft_given_the_target_head_passes_the_check(
 
     base_loader.check_draft_placeholders_shared(draft, vllm_config)
     assert draft.lm_head is target.lm_head
+
+
+STEP3P5 = dict(
+    model_type="step3p5",
+    architectures=["Step3p5ForCausalLM"],
+    hidden_size=HIDDEN,
+    intermediate_size=INTERMEDIATE,
+    num_hidden_layers=1,
+    num_nextn_predict_layers=1,
+    layer_types=["full_attention"],
+    mtp_layer_types=["full_attention"],
+    mlp_layer_types=["dense"],
+    mtp_mlp_layer_types=["dense"],
+    # A homogeneous model: no per-layer overrides (transformers' Step3p7TextConfig,
+    # which vLLM uses for step3p5, defaults to an empty heterogeneity spec).
+    per_layer_config=None,
+    num_attention_heads=HEADS,
+    num_attention_groups=KV_HEADS,
+    num_key_value_heads=KV_HEADS,
+    head_dim=HEAD_DIM,
+    vocab_size=VOCAB,
+    max_position_embeddings=128,
+    tie_word_embeddings=False,
+    torch_dtype="bfloat16",
+)
+
+
+def _step3p5_tensors() -> dict[str, torch.Tensor]:
+    """The target's layer 0, head and norm, and MTP layer 1 with its own shared head."""
+
+    def layer(prefix: str) -> dict[str, tuple[int, ...]]:
+        return {
+            f"{prefix}.self_attn.q_proj.weight": (HEADS * HEAD_DIM, HIDDEN),
+            f"{prefix}.self_attn.k_proj.weight": (KV_HEADS * HEAD_DIM, HIDDEN),
+            f"{prefix}.self_attn.v_proj.weight": (KV_HEADS * HEAD_DIM, HIDDEN),
+            f"{prefix}.self_attn.o_proj.weight": (HIDDEN, HEADS * HEAD_DIM),
+            f"{prefix}.self_attn.q_norm.weight": (HEAD_DIM,),
+            f"{prefix}.self_attn.k_norm.weight": (HEAD_DIM,),
+            f"{prefix}.mlp.gate_proj.weight": (INTERMEDIATE, HIDDEN),
+            f"{prefix}.mlp.up_proj.weight": (INTERMEDIATE, HIDDEN),
+            f"{prefix}.mlp.down_proj.weight": (HIDDEN, INTERMEDIATE),
+            f"{prefix}.input_layernorm.weight": (HIDDEN,),
+            f"{prefix}.post_attention_layernorm.weight": (HIDDEN,),
+        }
+
+    shapes = {
+        "model.embed_tokens.weight": (VOCAB, HIDDEN),
+        "model.norm.weight": (HIDDEN,),
+        "lm_head.weight": (VOCAB, HIDDEN),
+        **layer("model.layers.0"),
+        **layer("model.layers.1"),
+        "model.layers.1.enorm.weight": (HIDDEN,),
+        "model.layers.1.hnorm.weight": (HIDDEN,),
+        "model.layers.1.eh_proj.weight": (HIDDEN, 2 * HIDDEN),
+        "model.layers.1.shared_head.norm.weight": (HIDDEN,),
+        "model.layers.1.shared_head.output.weight": (VOCAB, HIDDEN),
+    }
+    return {name: torch.randn(shape).to(DTYPE) for name, shape in shapes.items()}
+
+
+def _load_step3p5_mtp(tmp_path, runner: str, shell_proposer):
+    """Load the target, then its MTP draft through the runner's own load path."""
+    tensors = _step3p5_tensors()
+    path = write_checkpoint(tmp_path / "step3p5", STEP3P5, tensors)
+    vllm_config = speculative_vllm_config(path, "mtp")
+    assert vllm_config.speculative_config.use_step3p5_mtp()
+    target = _Target(lm_head=ParallelLMHead(VOCAB, HIDDEN))
+    with set_current_vllm_config(vllm_config):
+        if runner == "v1":
+            from vllm.v1.spec_decode.step3p5 import Step3p5MTPProposer
+
+            proposer = shell_proposer(Step3p5MTPProposer, vllm_config)
+            proposer.load_model(target)
+            draft = proposer.model
+        else:
+            from vllm.v1.worker.gpu.spec_decode.eagle.utils import load_eagle_model
+
+            draft = load_eagle_model(target, vllm_config)
+    assert type(draft).__name__ == "Step3p5MTP"
+    return draft, target, tensors
+
+
+@pytest.mark.parametrize("runner", ["v1", "v2"])
+def test_step3p5_mtp_with_per_layer_heads_loads(gloo_world, cpu_attention_backend, shell_proposer, tmp_path, runner):
+    draft, target, tensors = _load_step3p5_mtp(tmp_path, runner, shell_proposer)
+
+    # The MTP layer keeps the head its checkpoint carries (not the target's) ...
+    head = draft.model.layers["1"].shared_head.head
+    assert isinstance(head, ParallelLMHead)
+    assert head is not target.lm_head
+    torch.testing.assert_close(head.weight.data[:VOCAB], tensors["model.layers.1.shared_head.output.weight"])
+    # ... there is no top-level head to ask for, and the embedding is the target's.
+    assert not hasattr(draft, "lm_head")
+    assert draft.model.embed_tokens is target.model.embed_tokens
