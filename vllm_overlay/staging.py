@@ -36,7 +36,7 @@ from pathlib import Path
 
 import git
 
-from vllm_overlay import faults, interrupts
+from vllm_overlay import atomicfile, faults, interrupts
 
 OWNER_FILE = "owner"
 # Written into the git directory of every tree this tool publishes: the proof that a directory at
@@ -97,13 +97,14 @@ def check_replaceable(output: Path) -> None:
 
 
 def mark_published(tree: Path) -> None:
-    """Mark ``tree`` (about to be published) as this tool's, so a later run may replace it.
+    """Mark ``tree`` (about to be published, or just exported) as this tool's, so a later run may replace it.
 
-    The marker records the HEAD commit published: a later HEAD means the user committed there.
+    The marker records the HEAD commit whose work patches/ holds (the one published, or the one
+    export-patches wrote out): a later HEAD means the user committed there since.
     """
     head = git.Repo(tree).head.commit.hexsha
     text = f"published by vllm-overlay; the next run may replace this tree\nhead {head}\n"
-    (tree / ".git" / PUBLISHED_MARKER).write_text(text)
+    atomicfile.write_bytes(tree / ".git" / PUBLISHED_MARKER, text.encode())
 
 
 def published_head(tree: Path) -> str | None:

@@ -174,3 +174,15 @@ def test_discard_unexported_replaces_the_output_on_purpose(built, upstream_dir):
     assert cli.main(["apply-patches", *where]) == 2
     assert cli.main(["apply-patches", *where, "--discard-unexported"]) == 0
     assert not (tree / "scratch.txt").exists()
+
+
+def test_a_tree_whose_commits_were_exported_is_replaced_after_patches_change(built, upstream_dir):
+    """Rebased and exported, then patches/ moves on (a pull): the tree's work is in patches/, so no refusal."""
+    tree = built / "build" / "patched"
+    repo = git.Repo(tree)
+    with repo.git.custom_environment(**IDENTITY):
+        repo.git.commit("-q", "--amend", "-m", repo.head.commit.message.replace("Why and how.", "Why, and how."))
+    assert cli.main(["export-patches", "--allow-other-upstream", "--project", str(built)]) == 0
+    patch = built / "patches" / "demo" / "core-change-line-20.patch"
+    patch.write_bytes(patch.read_bytes().replace(b"Why, and how.", b"Why, and how (pulled)."))
+    assert apply_code(built, upstream_dir) == 0

@@ -83,6 +83,7 @@ def _export(args: argparse.Namespace, proj: project.Project, repo_dir: Path) -> 
         return 0
     removed = set(export.stale_files(proj.patches, wanted))
     changed = export.write(proj.patches, wanted)
+    staging.mark_published(repo_dir)  # its work is in patches/ now: apply-patches may replace it
     for name in changed:
         output.result(f"{'removed' if name in removed else 'wrote'} patches/{name}")
     if partial:
