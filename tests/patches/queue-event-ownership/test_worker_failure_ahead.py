@@ -473,3 +473,49 @@ def test_fault_tolerance_keeps_kv_notices_of_a_failed_rpc(monkeypatch):
     finally:
         late.set()
         pipe.close()
+
+
+def test_fault_tolerance_keeps_kv_notices_read_before_the_failure(monkeypatch):
+    """Fault tolerance and a KV connector, TP=3: in batch B rank 0 replies at
+    once with a finished sending notice for req-0 (read first), rank 1, in
+    the collective, replies 1 s later with one for req-1, and rank 2 fails.
+    As on 0.33.0, B fails with "One or more workers failed" and both
+    notices, the one read before the failure and the one that comes after
+    it, reach the next aggregate: batch C reports req-0 and req-1 finished
+    sending (each needs all three ranks; the others reported in batch A)."""
+    late = threading.Event()
+    notices_in_a = {0: {"req-1"}, 1: {"req-0"}, 2: {"req-0", "req-1"}}
+    notices_in_b = {0: {"req-0"}, 1: {"req-1"}}
+
+    def step(rank: int, method: str, batch: Any) -> Any:
+        finished: set[str] | None = None
+        if batch == "A":
+            finished = notices_in_a[rank]
+        if batch == "B":
+            if rank == 2:
+                threading.Timer(1.0, late.set).start()
+                raise RuntimeError("rank 2: CUDA error in batch B")
+            if rank == 1:
+                assert late.wait(timeout=30)
+            finished = notices_in_b[rank]
+        return ModelRunnerOutput(
+            req_ids=[f"rank {rank} {batch}"],
+            req_id_to_index={f"rank {rank} {batch}": 0},
+            kv_connector_output=KVConnectorOutput(finished_sending=finished),
+        )
+
+    pipe = Pipeline(monkeypatch, step, world_size=3, async_scheduling=False, fault_tolerance=True)
+    pipe.executor.kv_output_aggregator = KVOutputAggregator(expected_finished_count=3)
+    try:
+        a = pipe.executor.execute_model("A")
+        assert a.req_ids == ["rank 0 A"] and not a.kv_connector_output.finished_sending
+        future_b = pipe.executor.execute_model("B", non_block=True)
+        kind, value = pipe.resolve_in_background(future_b).get(timeout=10)
+        assert (kind, str(value)) == ("error", "One or more workers failed")
+        c = pipe.executor.execute_model("C")
+        assert c.req_ids == ["rank 0 C"]
+        assert c.kv_connector_output.finished_sending == {"req-0", "req-1"}
+        assert not pipe.executor.is_failed
+    finally:
+        late.set()
+        pipe.close()
