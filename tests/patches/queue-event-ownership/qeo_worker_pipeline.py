@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """An executor and its WorkerProc ranks (one or two), in one process.
 
 Real: WorkerProc.__init__ (queues, output thread, message queues) for every
@@ -180,6 +181,11 @@ class Pipeline:
             proc.worker_busy_loop()
         except StopWorkerLoop:
             pass
+        except RuntimeError as e:
+            # The rank's broadcast reader was shut down (close() after the
+            # executor's shutdown()): MessageQueue.dequeue says "cancelled".
+            if str(e) != "cancelled":
+                raise
 
     @staticmethod
     def resolve_in_background(future) -> queue.Queue:
@@ -199,6 +205,14 @@ class Pipeline:
         # Through the real broadcast path, whatever state the executor is in;
         # "stop" ends each rank's loop without a reply. A rank still blocked
         # (a test's collective that never completes) is a daemon thread.
+        if self.executor.rpc_broadcast_mq is None:
+            # The test shut the executor down: end each rank's wait for the
+            # next RPC the way a worker's death monitor does.
+            for proc in self.procs:
+                proc.rpc_broadcast_mq.shutdown()
+            for t in self.rpc_threads:
+                t.join(timeout=2)
+            return
         self.executor.is_failed = False
         self.executor.futures_queue.clear()
         self.executor.collective_rpc("stop", non_block=True)

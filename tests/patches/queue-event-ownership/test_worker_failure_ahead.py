@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Regression tests: a worker failure on any rank reaches the waiting caller
 within 1 s, whether the other ranks are blocked in a collective or an earlier
 batch's output is stuck; with fault tolerance on it has the effect it has on
@@ -15,12 +16,17 @@ qeo_worker_pipeline.py for each seam and why.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
+import time
 from typing import Any
 
 import pytest
+import vllm.distributed.device_communicators.shm_broadcast as shm_broadcast
 from qeo_worker_pipeline import GpuOutput, Pipeline
+from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 
 # Bound from the issue: the failure must reach the caller within 1 s.
 DELIVERY_BOUND_S = 1.0
@@ -61,29 +67,29 @@ def test_failure_not_held_behind_stuck_output(monkeypatch):
         pipe.close()
 
 
-def test_fault_tolerance_failure_not_held_behind_stuck_output(monkeypatch):
-    """Fault tolerance on: the same stuck A and failing B. The caller learns
-    within the bound, with 0.33.0's fault-tolerant error; the executor is not
-    failed, and once A's copy completes its late reply and B's are not taken
-    for the next RPC's."""
+def test_fault_tolerance_delivers_earlier_output_slower_than_a_grace(monkeypatch):
+    """Fault tolerance on, as on 0.33.0: batch B fails while batch A's copy
+    is healthy but slow (it completes 1.5 s after B failed, longer than any
+    fixed grace a failure could be given). A is delivered, B fails with "One
+    or more workers failed", the executor stays usable and the next batch
+    gets its own output."""
     release_a = threading.Event()
 
     def step(rank: int, method: str, batch: Any) -> Any:
         if batch in ("A", "C"):
             return GpuOutput(batch, release_a)
+        threading.Timer(1.5, release_a.set).start()
         raise RuntimeError(f"illegal memory access in batch {batch}")
 
     pipe = Pipeline(monkeypatch, step, fault_tolerance=True)
     try:
         future_a = pipe.executor.execute_model("A", non_block=True)
         future_b = pipe.executor.execute_model("B", non_block=True)
-        kind, value = outcome_within_bound(pipe, future_a, "batch B's failure")
-        assert (kind, str(value)) == ("error", "One or more workers failed")
+        outcome_a = pipe.resolve_in_background(future_a)
+        assert outcome_a.get(timeout=10) == ("result", "output of A")
         with pytest.raises(RuntimeError, match="One or more workers failed"):
             future_b.result()
         assert not pipe.executor.is_failed
-
-        release_a.set()
         assert pipe.executor.execute_model("C") == "output of C"
     finally:
         release_a.set()
@@ -218,4 +224,298 @@ def test_failure_with_nothing_pending_keeps_rpc_order(monkeypatch):
         assert not pipe.executor.is_failed
         assert pipe.executor.execute_model("B") == "output of B"
     finally:
+        pipe.close()
+
+
+@pytest.mark.parametrize("fault_tolerance", [False, True], ids=["no-ft", "ft"])
+def test_non_output_rank_failure_fails_the_rpc(monkeypatch, fault_tolerance):
+    """Behaviour change from 0.33.0 (stated in the patch): TP=2, rank 1 (not
+    the output rank) raises in execute_model while rank 0 completes the step
+    (0.3 s later, not blocked). 0.33.0 only logs rank 1's exception and
+    returns rank 0's output; now the RPC fails as if the output rank had
+    failed: without fault tolerance with rank 1's error (the engine stops),
+    with it with "One or more workers failed" and the executor usable."""
+
+    def step(rank: int, method: str, batch: Any) -> Any:
+        if batch == "B":
+            if rank == 1:
+                raise RuntimeError("rank 1: CUDA error in batch B")
+            time.sleep(0.3)
+        return f"rank {rank} output of {batch}"
+
+    pipe = Pipeline(monkeypatch, step, world_size=2, async_scheduling=False, fault_tolerance=fault_tolerance)
+    try:
+        future = pipe.executor.execute_model("B", non_block=True)
+        kind, value = outcome_within_bound(pipe, future, "rank 1's failure")
+        assert kind == "error", f"rank 1's failure was dropped: got {value!r}"
+        expected = "One or more workers failed" if fault_tolerance else "rank 1: CUDA error in batch B"
+        assert expected in str(value)
+        assert not pipe.executor.is_failed
+        assert pipe.executor.execute_model("C") == "rank 0 output of C"
+    finally:
+        pipe.close()
+
+
+@pytest.mark.parametrize("fault_tolerance", [False, True], ids=["no-ft", "ft"])
+def test_non_output_rank_failure_after_its_rpc_returned(monkeypatch, fault_tolerance):
+    """TP=2, rank 1 raises on batch B only after rank 0's output of B was
+    delivered. Without fault tolerance the next RPC reports rank 1's error
+    (the engine stops, as for any worker failure); with fault tolerance the
+    failure is logged, as on 0.33.0, and fails no later, healthy RPC."""
+    delivered = threading.Event()
+
+    def step(rank: int, method: str, batch: Any) -> Any:
+        if batch == "B" and rank == 1:
+            assert delivered.wait(timeout=30)
+            raise RuntimeError("rank 1: CUDA error after batch B")
+        return f"rank {rank} output of {batch}"
+
+    pipe = Pipeline(monkeypatch, step, world_size=2, async_scheduling=False, fault_tolerance=fault_tolerance)
+    try:
+        assert pipe.executor.execute_model("B") == "rank 0 output of B"
+        delivered.set()
+        # Rank 1's failure has reached its response queue before C is sent
+        # (0.33.0 sends nothing for it and has no MessageQueue.poll).
+        poll = getattr(pipe.response_readers[1], "poll", None)
+        wait_until = time.monotonic() + 5
+        while poll is not None and not poll() and time.monotonic() < wait_until:
+            time.sleep(0.01)
+        if fault_tolerance:
+            assert pipe.executor.execute_model("C") == "rank 0 output of C"
+        else:
+            with pytest.raises(RuntimeError, match="rank 1: CUDA error after batch B"):
+                pipe.executor.execute_model("C")
+            assert pipe.executor.execute_model("D") == "rank 0 output of D"
+        assert not pipe.executor.is_failed
+    finally:
+        delivered.set()
+        pipe.close()
+
+
+class DelayedPayloadSocket:
+    """The writer's overflow socket, with its next send held back.
+
+    MessageQueue.enqueue publishes the shared-memory slot of an overflow
+    message (above max_chunk_bytes) first and then sends the payload over
+    this socket; a busy or descheduled writer process sends it later. The
+    delay is the only thing added: the real socket still carries the bytes.
+    """
+
+    def __init__(self, socket: Any, delay_s: float) -> None:
+        self.socket = socket
+        self.delay_s = delay_s
+        self.delays_left = 1
+
+    def send_multipart(self, *args: Any, **kwargs: Any) -> Any:
+        if self.delays_left:
+            self.delays_left -= 1
+            time.sleep(self.delay_s)
+        return self.socket.send_multipart(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.socket, name)
+
+
+def test_large_reply_with_late_payload_reaches_its_rpc(monkeypatch):
+    """TP=2: rank 0's 64 MiB reply (above the response queue's 24 MiB
+    max_chunk_bytes, so it travels over the socket) is sent 0.2 s after its
+    slot was published. As on 0.33.0 the RPC gets that payload, and the next
+    large reply goes to the next RPC, not the previous one's payload."""
+    monkeypatch.setenv("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", "5")
+    size = 64 * 1024 * 1024
+
+    def step(rank: int, method: str, batch: Any) -> Any:
+        return (batch, batch.encode()[:1] * size) if rank == 0 else None
+
+    pipe = Pipeline(monkeypatch, step, world_size=2, async_scheduling=False)
+    writer = pipe.procs[0].worker_response_mq
+    writer.local_socket = DelayedPayloadSocket(writer.local_socket, delay_s=0.2)
+    try:
+        for batch in ("1", "2"):
+            outcome = pipe.resolve_in_background(pipe.executor.execute_model(batch, non_block=True))
+            kind, value = outcome.get(timeout=10)
+            assert kind == "result", f"RPC {batch} failed: {value!r}"
+            name, payload = value
+            assert name == batch
+            assert len(payload) == size and payload[:1] == payload[-1:] == batch.encode()
+    finally:
+        pipe.close()
+
+
+@pytest.mark.parametrize("moment", ["during-a-wait", "between-two-waits"])
+def test_shutdown_cancels_a_waiting_rpc(monkeypatch, moment):
+    """TP=2: shutdown() while execute_model waits on rank 0 makes the waiting
+    call raise 0.33.0's RuntimeError("cancelled") (what EngineCore's shutdown
+    path expects), within the bound, whenever shutdown() lands.
+
+    during-a-wait: shutdown() from another thread 0.3 s into the wait.
+    between-two-waits: shutdown() lands right after the caller looked at rank
+    1's queue and before it waits on rank 0's again (made deterministic by
+    running it at the end of that look, MessageQueue.poll, which a caller
+    that polls the other ranks has; 0.33.0 has no poll and never looks at
+    rank 1's queue for this RPC, so there it is the same as during-a-wait).
+    """
+    release = threading.Event()
+
+    def step(rank: int, method: str, batch: Any) -> Any:
+        if rank == 0:
+            assert release.wait(timeout=30)
+        return f"rank {rank} output of {batch}"
+
+    pipe = Pipeline(monkeypatch, step, world_size=2, async_scheduling=False)
+    shut_down = threading.Lock()
+
+    def shutdown_once() -> None:
+        if shut_down.acquire(blocking=False):
+            pipe.executor.shutdown()
+
+    reader = pipe.response_readers[1]
+    if moment == "between-two-waits" and hasattr(reader, "poll"):
+        real_poll = reader.poll
+
+        def poll(*args: Any, **kwargs: Any) -> bool:
+            ready = real_poll(*args, **kwargs)
+            shutdown_once()
+            return ready
+
+        monkeypatch.setattr(reader, "poll", poll)
+    try:
+        outcome: queue.Queue = queue.Queue()
+
+        def call() -> None:
+            try:
+                outcome.put(("result", pipe.executor.execute_model("A")))
+            except Exception as e:
+                outcome.put(("error", e))
+
+        threading.Thread(target=call, daemon=True).start()
+        time.sleep(0.3)
+        shutdown_once()
+        kind, value = outcome.get(timeout=DELIVERY_BOUND_S * 2)
+        assert kind == "error"
+        assert type(value) is RuntimeError and str(value) == "cancelled", repr(value)
+    finally:
+        release.set()
+        pipe.close()
+
+
+class Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def test_long_wait_logs_the_ring_buffer_warning(monkeypatch):
+    """TP=2: while execute_model waits longer than
+    VLLM_RINGBUFFER_WARNING_INTERVAL (1 s here) for rank 0's reply, the
+    reader logs "No available shared memory broadcast block found", as on
+    0.33.0: operators read hung ranks from it."""
+    monkeypatch.setattr(shm_broadcast, "VLLM_RINGBUFFER_WARNING_INTERVAL", 1)
+    records = Records()
+    shm_logger = logging.getLogger(shm_broadcast.__name__)
+    shm_logger.addHandler(records)
+    monkeypatch.setattr(shm_logger, "level", logging.INFO)
+
+    def step(rank: int, method: str, batch: Any) -> Any:
+        if rank == 0:
+            time.sleep(2.5)
+        return f"rank {rank} output of {batch}"
+
+    pipe = Pipeline(monkeypatch, step, world_size=2, async_scheduling=False)
+    try:
+        assert pipe.executor.execute_model("A") == "rank 0 output of A"
+        warnings = [m for m in records.messages if "No available shared memory broadcast block" in m]
+        assert warnings, f"no long-wait warning in {records.messages!r}"
+    finally:
+        shm_logger.removeHandler(records)
+        pipe.close()
+
+
+def test_fault_tolerance_keeps_kv_notices_of_a_failed_rpc(monkeypatch):
+    """Fault tolerance and a KV connector, TP=2: rank 1 fails batch B while
+    rank 0, in the collective, finishes its step 1 s later with a finished
+    sending notice for req-0 (rank 1 reported its own in batch A). As on
+    0.33.0, B fails with "One or more workers failed" and rank 0's notice is
+    kept for the next aggregate: batch C reports req-0 finished sending."""
+    late = threading.Event()
+
+    def step(rank: int, method: str, batch: Any) -> Any:
+        finished: set[str] | None = None
+        if batch == "A" and rank == 1:
+            finished = {"req-0"}
+        if batch == "B":
+            if rank == 1:
+                threading.Timer(1.0, late.set).start()
+                raise RuntimeError("rank 1: CUDA error in batch B")
+            assert late.wait(timeout=30)
+            finished = {"req-0"}
+        return ModelRunnerOutput(
+            req_ids=[f"rank {rank} {batch}"],
+            req_id_to_index={f"rank {rank} {batch}": 0},
+            kv_connector_output=KVConnectorOutput(finished_sending=finished),
+        )
+
+    pipe = Pipeline(monkeypatch, step, world_size=2, async_scheduling=False, fault_tolerance=True)
+    pipe.executor.kv_output_aggregator = KVOutputAggregator(expected_finished_count=2)
+    try:
+        a = pipe.executor.execute_model("A")
+        assert a.req_ids == ["rank 0 A"] and not a.kv_connector_output.finished_sending
+        future_b = pipe.executor.execute_model("B", non_block=True)
+        kind, value = pipe.resolve_in_background(future_b).get(timeout=10)
+        assert (kind, str(value)) == ("error", "One or more workers failed")
+        c = pipe.executor.execute_model("C")
+        assert c.req_ids == ["rank 0 C"]
+        assert c.kv_connector_output.finished_sending == {"req-0"}
+        assert not pipe.executor.is_failed
+    finally:
+        late.set()
+        pipe.close()
+
+
+def test_fault_tolerance_keeps_kv_notices_read_before_the_failure(monkeypatch):
+    """Fault tolerance and a KV connector, TP=3: in batch B rank 0 replies at
+    once with a finished sending notice for req-0 (read first), rank 1, in
+    the collective, replies 1 s later with one for req-1, and rank 2 fails.
+    As on 0.33.0, B fails with "One or more workers failed" and both
+    notices, the one read before the failure and the one that comes after
+    it, reach the next aggregate: batch C reports req-0 and req-1 finished
+    sending (each needs all three ranks; the others reported in batch A)."""
+    late = threading.Event()
+    notices_in_a = {0: {"req-1"}, 1: {"req-0"}, 2: {"req-0", "req-1"}}
+    notices_in_b = {0: {"req-0"}, 1: {"req-1"}}
+
+    def step(rank: int, method: str, batch: Any) -> Any:
+        finished: set[str] | None = None
+        if batch == "A":
+            finished = notices_in_a[rank]
+        if batch == "B":
+            if rank == 2:
+                threading.Timer(1.0, late.set).start()
+                raise RuntimeError("rank 2: CUDA error in batch B")
+            if rank == 1:
+                assert late.wait(timeout=30)
+            finished = notices_in_b[rank]
+        return ModelRunnerOutput(
+            req_ids=[f"rank {rank} {batch}"],
+            req_id_to_index={f"rank {rank} {batch}": 0},
+            kv_connector_output=KVConnectorOutput(finished_sending=finished),
+        )
+
+    pipe = Pipeline(monkeypatch, step, world_size=3, async_scheduling=False, fault_tolerance=True)
+    pipe.executor.kv_output_aggregator = KVOutputAggregator(expected_finished_count=3)
+    try:
+        a = pipe.executor.execute_model("A")
+        assert a.req_ids == ["rank 0 A"] and not a.kv_connector_output.finished_sending
+        future_b = pipe.executor.execute_model("B", non_block=True)
+        kind, value = pipe.resolve_in_background(future_b).get(timeout=10)
+        assert (kind, str(value)) == ("error", "One or more workers failed")
+        c = pipe.executor.execute_model("C")
+        assert c.req_ids == ["rank 0 C"]
+        assert c.kv_connector_output.finished_sending == {"req-0", "req-1"}
+        assert not pipe.executor.is_failed
+    finally:
+        late.set()
         pipe.close()
