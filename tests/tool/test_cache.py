@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.tool.conftest import REPO_ROOT
 from vllm_overlay import cache, cli, lock
 from vllm_overlay.store import Store
 
@@ -64,11 +65,27 @@ def test_dry_run_needs_prune(project, store_env):
 
 def test_tool_requirements_of_an_installed_tool_come_from_its_metadata(tmp_path, monkeypatch):
     """Without pyproject.toml beside the package (pip install ., the Dockerfile's tool stage), the
-    installed distribution's Requires-Dist gives the same list, extras left out (and the same env key)."""
+    installed distribution's Requires-Dist gives the same list, extras left out (and the same env key).
+
+    The installed distribution is made here (a dist-info on sys.path, as pip writes one), so the
+    test does not depend on whether this checkout was pip-installed into the running interpreter.
+    """
+    import tomllib
+
     from vllm_overlay import envs
 
     from_checkout = envs.tool_requirements()
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    site = tmp_path / "site"
+    dist_info = site / "vllm_overlay_installed_copy-0.1.0.dist-info"
+    dist_info.mkdir(parents=True)
+    requires = [f"Requires-Dist: {text}" for text in project["dependencies"]]
+    requires += [f'Requires-Dist: {text}; extra == "test"' for text in project["optional-dependencies"]["test"]]
+    metadata = ["Metadata-Version: 2.1", "Name: vllm-overlay-installed-copy", "Version: 0.1.0", *requires]
+    (dist_info / "METADATA").write_text("\n".join(metadata) + "\n")
+    monkeypatch.syspath_prepend(str(site))
     monkeypatch.setattr(envs, "TOOL_PYPROJECT", tmp_path / "absent" / "pyproject.toml")
+    monkeypatch.setattr(envs, "TOOL_DISTRIBUTION", "vllm-overlay-installed-copy")
     assert envs.tool_requirements() == from_checkout
     assert not any("extra" in text or text.startswith("pytest") for text in from_checkout)
     monkeypatch.setattr(envs, "TOOL_DISTRIBUTION", "vllm-overlay-not-installed")
