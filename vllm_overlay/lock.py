@@ -64,6 +64,28 @@ def _artifact(table: dict, where: str) -> Artifact:
     return Artifact(filename, sha256)
 
 
+# Every key the lock may hold; anything else is a typo that would otherwise be silently ignored.
+_TOP_LEVEL = {"upstream", "artifacts", "base-image", "pins"}
+_TABLE_KEYS = {"upstream": {"project", "version", "commit"}, "base-image": {"name", "digest"}}
+_ARTIFACT_KEYS = {"filename", "sha256"}
+
+
+def _refuse_unknown_keys(data: dict) -> None:
+    unknown = [f"'{key}' at the top level" for key in data if key not in _TOP_LEVEL]
+    for table, keys in _TABLE_KEYS.items():
+        if isinstance(data.get(table), dict):
+            unknown += [f"'{key}' in [{table}]" for key in data[table] if key not in keys]
+    artifacts = data.get("artifacts")
+    if isinstance(artifacts, dict):
+        for name, table in artifacts.items():
+            if name != "sdist" and not name.startswith("wheel-"):
+                unknown.append(f"'{name}' in [artifacts] (expected sdist or wheel-<arch>)")
+            elif isinstance(table, dict):
+                unknown += [f"'{key}' in [artifacts.{name}]" for key in table if key not in _ARTIFACT_KEYS]
+    if unknown:
+        raise LockError(f"{LOCK_NAME}: unknown key " + ", ".join(unknown) + " (misspelt?)")
+
+
 def parse(text: str, path: Path | None = None) -> Lock:
     """Parse and validate the lock's TOML text."""
     try:
@@ -73,6 +95,7 @@ def parse(text: str, path: Path | None = None) -> Lock:
     upstream = _require(data, "upstream", "top level")
     artifacts = _require(data, "artifacts", "top level")
     base = _require(data, "base-image", "top level")
+    _refuse_unknown_keys(data)
     sdist = _artifact(_require(artifacts, "sdist", "artifacts"), "artifacts.sdist")
     wheels = {
         name.removeprefix("wheel-"): _artifact(table, f"artifacts.{name}")

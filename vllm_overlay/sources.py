@@ -299,6 +299,25 @@ def obtain(spec: str | None, lock: Lock, store: Store) -> Upstream:
         return _obtain_git(store, value)
 
 
+def check_provenance(lock: Lock, file_version: str | None, file_commit: str | None) -> None:
+    """Refuse a lock whose version or commit differ from what the verified sdist itself records.
+
+    The lock's values land in the image's labels, manifest and SBOM, and ``verify --expect``
+    compares lock against lock: only here can a wrong value be caught, against the release.
+    """
+    problems = []
+    if file_version and file_version != lock.version:
+        problems.append(f"version {lock.version!r}, but the sdist's vllm/_version.py says {file_version!r}")
+    if file_commit and file_commit != lock.commit:
+        problems.append(f"commit {lock.commit!r}, but the sdist's vllm/_version.py says {file_commit!r}")
+    if problems:
+        raise SourceError(
+            f"{lock.path or 'upstream.lock'}: "
+            + "; ".join(problems)
+            + " (fix upstream.lock: it must say what the release says)"
+        )
+
+
 def _obtain_release(store: Store, lock: Lock, version: str, locked: bool) -> Upstream:
     project = lock.project
     tag = f"upstream/{version}"
@@ -330,7 +349,10 @@ def _obtain_release(store: Store, lock: Lock, version: str, locked: bool) -> Ups
         commit = _import_release_archive(store, archive, tag)[0]
         marker.write_text(f"{sha256} {commit}\n")
         (store.downloads / f"{filename}.sha256").write_text(sha256 + "\n")
-    release_commit = version_field(_version_file_of_commit(repo, commit), COMMIT_ID_RE)
+    version_file = _version_file_of_commit(repo, commit)
+    release_commit = version_field(version_file, COMMIT_ID_RE)
+    if locked:
+        check_provenance(lock, version_field(version_file, VERSION_RE_IN_FILE), release_commit)
     recorded_url = store.downloads / f"{filename}.url"
     if url is None and recorded_url.is_file():  # cached: say where it was downloaded from
         url = recorded_url.read_text().strip()

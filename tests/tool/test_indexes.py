@@ -170,3 +170,55 @@ def test_a_failing_index_with_a_token_never_prints_the_token(
     assert code == 2
     assert "s3cret-token" not in captured.out + captured.err
     assert "alice:****@127.0.0.1:9" in captured.err
+
+
+def _lock_for(archive: Path, version: str, commit: str) -> lock.Lock:
+    text = (REPO_ROOT / "upstream.lock").read_text()
+    text = text.replace('version = "0.33.0"', f'version = "{version}"').replace("vllm-0.33.0.tar.gz", archive.name)
+    text = text.replace('commit = "g4ba787ec9"', f'commit = "{commit}"')
+    digest = hashlib.sha256(archive.read_bytes()).hexdigest()
+    text = re.sub(r'(\[artifacts\.sdist\]\nfilename = "[^"]+"\nsha256 = ")[0-9a-f]{64}', rf"\g<1>{digest}", text)
+    return lock.parse(text)
+
+
+@pytest.mark.parametrize(
+    ("version", "commit", "says"),
+    [
+        ("9.9.9", "g0000000", "commit 'g0000000', but the sdist's vllm/_version.py says 'gdeadbeef'"),
+        ("9.9.8", "gdeadbeef", "version '9.9.8', but the sdist's vllm/_version.py says '9.9.9'"),
+    ],
+)
+def test_a_lock_that_says_otherwise_than_its_release_is_refused(
+    monkeypatch, tmp_path, store_env, version, commit, says
+):
+    """The lock's version and commit land in labels, manifest and SBOM: they must be what the sdist records."""
+    archive = _release_archive(tmp_path, version)  # its vllm/_version.py: 9.9.9, gdeadbeef
+    monkeypatch.setenv("PIP_INDEX_URL", _file_index(tmp_path / "index", archive))
+    with pytest.raises(sources.SourceError, match=re.escape(says)):
+        sources.obtain(None, _lock_for(archive, version, commit), Store())
+
+
+def test_a_lock_that_matches_its_release_is_accepted(monkeypatch, tmp_path, store_env):
+    archive = _release_archive(tmp_path, "9.9.9")
+    monkeypatch.setenv("PIP_INDEX_URL", _file_index(tmp_path / "index", archive))
+    upstream = sources.obtain(None, _lock_for(archive, "9.9.9", "gdeadbeef"), Store())
+    assert upstream.kind == "locked" and upstream.release_commit == "gdeadbeef"
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "where"),
+    [
+        ('commit = "g4ba787ec9"', 'commit = "g4ba787ec9"\ncomit = "x"', "'comit' in [upstream]"),
+        ("[pins]", "[pin]", "'pin' at the top level"),
+        ('sha256 = "f4c3', 'sha265 = "x"\nsha256 = "f4c3', "'sha265' in [artifacts.sdist]"),
+        (
+            "[artifacts.sdist]",
+            "[artifacts.sdist-x]\nfilename = 'a'\nsha256 = 'b'\n\n[artifacts.sdist]",
+            "'sdist-x' in [artifacts]",
+        ),
+    ],
+)
+def test_unknown_or_misspelt_lock_keys_are_errors(old, new, where):
+    text = (REPO_ROOT / "upstream.lock").read_text().replace(old, new, 1)
+    with pytest.raises(lock.LockError, match=re.escape(f"unknown key {where}")):
+        lock.parse(text)
