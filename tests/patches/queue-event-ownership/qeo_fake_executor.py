@@ -79,6 +79,13 @@ class FakeExecutor(Executor):
             result = [["LBNHC"]]
         elif method == "get_supported_tasks":
             result = [("generate",)]
+        elif method == "hang_like_a_stuck_collective":
+            # A utility call (LLM.collective_rpc) that hangs in the worker, as
+            # a stuck collective does, while its own hang file exists (steps
+            # are not held by it).
+            while os.path.exists(os.environ.get("QEO_PROGRESS_RPC_HANG_FILE", "")):
+                time.sleep(0.01)
+            result = ["done"]
         else:
             result = [None]
         return result
@@ -125,10 +132,13 @@ class FakeExecutor(Executor):
         pass
 
 
-def make_config(model_dir: str, kv_transfer_config: Any = None, **scheduler: Any) -> VllmConfig:
-    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig
+def make_config(
+    model_dir: str, kv_transfer_config: Any = None, parallel_config: Any = None, **scheduler: Any
+) -> VllmConfig:
+    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, ParallelConfig, SchedulerConfig
 
     return VllmConfig(
+        parallel_config=parallel_config if parallel_config is not None else ParallelConfig(),
         model_config=ModelConfig(model=model_dir, skip_tokenizer_init=True, max_model_len=2048, enforce_eager=True),
         cache_config=CacheConfig(block_size=BLOCK_SIZE),
         scheduler_config=SchedulerConfig(**scheduler),

@@ -1,6 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Regression tests: each offload store owns its compute-done event, and a
-preemption flush also waits for stores that are still queued.
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Regression tests: each offload store owns its compute-done event; a
+preemption flush in CPU mode also waits for stores that are still queued, for
+at most flush_timeout_s; a flush in disk mode does not wait for the write
+backlog (as in 0.33.0).
 
 The real SimpleCPUOffloadWorker runs here with each real backend: the
 DmaCopyBackend (its copy thread and queue) and the DiskBackend (its store and
@@ -16,6 +19,7 @@ CUDA call, used as the gate that delays the copy thread deterministically).
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -131,18 +135,49 @@ def test_failed_launch_leaves_queued_store_event_alone(harness, monkeypatch):
     assert [r.step for r in store_a.waited_on if r is not None] == ["A"]
 
 
-def test_flush_after_preemption_waits_for_queued_store(harness):
+@pytest.fixture
+def dma_harness(monkeypatch, tmp_path):
+    h = Harness(monkeypatch, "dma", tmp_path)
+    yield h
+    h.close()
+
+
+@pytest.fixture
+def disk_harness(monkeypatch, tmp_path):
+    h = Harness(monkeypatch, "disk", tmp_path)
+    yield h
+    h.close()
+
+
+def start_flush(harness: Harness) -> tuple[threading.Thread, dict]:
+    """handle_preemptions on a thread of its own: (thread, outcome)."""
+    outcome: dict = {}
+
+    def flush() -> None:
+        try:
+            harness.worker.handle_preemptions(SimpleCPUOffloadMetadata(need_flush=True))
+            outcome["returned"] = time.monotonic()
+        except Exception as e:
+            outcome["raised"] = e
+        harness.log.add("flush returned")
+
+    flusher = threading.Thread(target=flush, daemon=True)
+    flusher.start()
+    return flusher, outcome
+
+
+def test_flush_after_preemption_waits_for_queued_store(dma_harness):
     """The copy thread is delayed, so A's store is still queued when the
     scheduler asks for a flush. The flush must not return before that store
     was launched and its completion event synchronized: the preempted blocks
     are reused as soon as it returns."""
-    harness.step_store("A", event_idx=0, gpu_block=3)
+    dma_harness.step_store("A", event_idx=0, gpu_block=3)
 
     flushed = threading.Event()
 
     def flush() -> None:
-        harness.worker.handle_preemptions(SimpleCPUOffloadMetadata(need_flush=True))
-        harness.log.add("flush returned")
+        dma_harness.worker.handle_preemptions(SimpleCPUOffloadMetadata(need_flush=True))
+        dma_harness.log.add("flush returned")
         flushed.set()
 
     flusher = threading.Thread(target=flush, daemon=True)
@@ -150,16 +185,70 @@ def test_flush_after_preemption_waits_for_queued_store(harness):
     # Give a flush that ignores queued stores the chance to return while the
     # store is still queued; a correct flush cannot return in this window.
     flushed.wait(timeout=0.5)
-    harness.gate.open()
+    dma_harness.gate.open()
     flusher.join(timeout=10)
     assert not flusher.is_alive(), "flush never returned after the gate opened"
 
-    order = [e for e in harness.log.snapshot() if e[0] != "wait" and e[0] != "record"]
+    order = [e for e in dma_harness.log.snapshot() if e[0] != "wait" and e[0] != "record"]
     returned_at = order.index(("flush returned",))
     before = order[:returned_at]
     assert ("synchronize", "copy:store:3") in before, (
         f"flush returned before the queued store was launched and synced: {order}"
     )
     # The synced store is no longer reported as in flight.
-    assert harness.worker._store_events == []
-    assert harness.worker._store_hwm == 0
+    assert dma_harness.worker._store_events == []
+    assert dma_harness.worker._store_hwm == 0
+
+
+def test_flush_with_a_stuck_copy_thread_fails_within_its_bound(dma_harness):
+    """The copy thread is alive but never launches (a launch that does not
+    return; here it is held at its first CUDA call). The flush must fail
+    within flush_timeout_s with an error that says what is stuck and names
+    the setting, not block the model step forever."""
+    dma_harness.worker.flush_timeout_s = 0.5
+    dma_harness.step_store("A", event_idx=0, gpu_block=3)
+    start = time.monotonic()
+    flusher, outcome = start_flush(dma_harness)
+    flusher.join(timeout=5)
+    assert not flusher.is_alive(), "flush still waiting on a stuck copy thread after 5 s"
+    assert isinstance(outcome.get("raised"), TimeoutError), outcome
+    assert 0.5 <= time.monotonic() - start < 2.5
+    message = str(outcome["raised"])
+    assert "alive" in message and "flush_timeout_s" in message, message
+    # Nothing was synced or reported as done: the store is still in flight.
+    assert dma_harness.worker._store_hwm == -1
+
+
+def test_flush_never_hangs_on_a_stuck_io_thread(harness):
+    """Kept from 0.33.0: a preemption flush returns (or fails) in bounded
+    time even when the IO thread is alive but stuck, in both modes."""
+    harness.worker.flush_timeout_s = 0.5
+    harness.step_store("A", event_idx=0, gpu_block=3)
+    flusher, outcome = start_flush(harness)
+    flusher.join(timeout=5)
+    assert not flusher.is_alive(), "flush still waiting on a stuck IO thread after 5 s"
+    # Returned (as 0.33.0 does) or failed with the bounded wait's error.
+    assert "returned" in outcome or isinstance(outcome.get("raised"), TimeoutError), outcome
+
+
+def test_disk_flush_does_not_wait_for_the_write_backlog(disk_harness):
+    """Kept from 0.33.0: in disk mode the store IO thread appends a store's
+    event only after its pwritev, so a flush that waited for queued stores
+    would hold the model step for the whole write backlog. With the store
+    thread held behind a backlog of queued stores, the flush returns at once
+    and the stores are still written afterwards."""
+    for i in range(4):
+        disk_harness.step_store(f"S{i}", event_idx=i, gpu_block=i)
+    start = time.monotonic()
+    flusher, outcome = start_flush(disk_harness)
+    flusher.join(timeout=2)
+    assert not flusher.is_alive(), "disk flush waited for the queued write backlog"
+    assert "returned" in outcome, outcome
+    assert outcome["returned"] - start < 1.0
+    # The backlog is still written, and reported done, once the thread runs.
+    disk_harness.gate.open()
+    assert [c.src_blocks for c in disk_harness.copies.wait_for_copies(4)] == [[0], [1], [2], [3]]
+    deadline = time.monotonic() + 5
+    while disk_harness.worker._poll_stream_events(is_store=True) < 3:
+        assert time.monotonic() < deadline, "queued stores never completed"
+        time.sleep(0.01)

@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Regression tests: /health/progress fails when an engine is stuck inside a
 step, and only then; /health keeps upstream's meaning unless
 VLLM_HEALTH_CHECK_FAILS_ON_STALL is set.
@@ -28,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import threading
 import time
 from collections.abc import AsyncGenerator, Iterator
@@ -41,6 +43,7 @@ from fastapi import FastAPI
 TIMEOUT_S = 1.0
 TMP = f"/tmp/qeo-progress-{os.getpid()}"
 HANG_FILE = os.path.join(TMP, "hang")
+RPC_HANG_FILE = os.path.join(TMP, "rpc-hang")
 SLOW_FILE = os.path.join(TMP, "slow")
 
 
@@ -107,10 +110,13 @@ class Server:
 
     @staticmethod
     def make_app(llm: Any) -> FastAPI:
+        from vllm.entrypoints.serve.elastic_ep.middleware import ScalingMiddleware
         from vllm.entrypoints.serve.instrumentator import register_instrumentator_api_routers
 
         app = FastAPI()
         register_instrumentator_api_routers(app)
+        # As init_entrypoints_middleware does for every "generate" server.
+        app.add_middleware(ScalingMiddleware)
         app.state.engine_client = llm
         return app
 
@@ -121,10 +127,15 @@ class Server:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def get(self, path: str, frontend: int = 0) -> int:
-        async def get() -> int:
+        return self.get_response(path, frontend).status_code
+
+    def get_response(self, path: str, frontend: int = 0) -> httpx.Response:
+        async def get() -> httpx.Response:
             transport = httpx.ASGITransport(app=self.apps[frontend])
             async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
-                return (await c.get(path)).status_code
+                response = await c.get(path)
+                await response.aread()
+                return response
 
         return self.run(get())
 
@@ -159,6 +170,7 @@ def server() -> Iterator[Server]:
     # frontend alike.
     mp.setenv("VLLM_ENGINE_PROGRESS_TIMEOUT_SECONDS", str(TIMEOUT_S))
     mp.setenv("QEO_PROGRESS_HANG_FILE", HANG_FILE)
+    mp.setenv("QEO_PROGRESS_RPC_HANG_FILE", RPC_HANG_FILE)
     mp.setenv("QEO_PROGRESS_SLOW_FILE", SLOW_FILE)
     mp.setenv("QEO_REMOTE_KV_RECORD", RECORD_FILE)
     mp.setenv("VLLM_WORKER_MULTIPROC_METHOD", "fork")
@@ -168,7 +180,7 @@ def server() -> Iterator[Server]:
     try:
         yield s
     finally:
-        for f in (HANG_FILE, SLOW_FILE, RECORD_FILE):
+        for f in (HANG_FILE, RPC_HANG_FILE, SLOW_FILE, RECORD_FILE):
             if os.path.exists(f):
                 os.unlink(f)
         s.shutdown()
@@ -312,3 +324,160 @@ def test_every_frontend_sees_a_stuck_step(server):
     time.sleep(2 * TIMEOUT_S / 4)
     for frontend in range(NUM_FRONTENDS):
         assert server.get("/health/progress", frontend) == 200
+
+
+@pytest.mark.parametrize("health_fails_on_stall", [False, True])
+def test_hung_utility_call_is_detected(server, monkeypatch, health_fails_on_stall):
+    """A utility call runs in the engine's busy loop like a step: one that
+    hangs in the worker (LLM.collective_rpc, as a stuck collective) stops
+    every request and must read as stuck, with what it is stuck in."""
+    if health_fails_on_stall:
+        monkeypatch.setenv("VLLM_HEALTH_CHECK_FAILS_ON_STALL", "1")
+    open(RPC_HANG_FILE, "w").close()
+    try:
+        start = time.monotonic()
+        work = server.submit(server.llm.collective_rpc("hang_like_a_stuck_collective"))
+        while server.get("/health/progress") == 200:
+            assert time.monotonic() - start < 10 * TIMEOUT_S, "hung utility call never reported"
+            time.sleep(0.05)
+        detected_s = time.monotonic() - start
+        assert TIMEOUT_S < detected_s < TIMEOUT_S + TIMEOUT_S / 4 + 0.5, detected_s
+        body = server.get_response("/health/progress").json()
+        assert body["stalled"] and body["stuck_in"] == "utility:collective_rpc", body
+        assert server.get("/health") == (503 if health_fails_on_stall else 200)
+        assert server.get("/health/progress", frontend=1) == 503
+    finally:
+        os.unlink(RPC_HANG_FILE)
+    assert work.result(30) == ["done"]
+    time.sleep(2 * TIMEOUT_S / 4)
+    assert server.get("/health/progress") == 200
+    assert server.get("/health") == 200
+
+
+@pytest.mark.parametrize("path", ["/health", "/health/progress"])
+def test_retired_rank_after_elastic_ep_scale_down_stays_healthy(server, monkeypatch, path):
+    """External-LB elastic EP: a scale down retires this API server's rank
+    (AsyncLLM._scale_elastic_ep sets the retired flag); its engine exits and
+    the orchestrator removes the process. 0.33.0's /health answers 200 for
+    the retired rank; so must /health with VLLM_HEALTH_CHECK_FAILS_ON_STALL
+    and /health/progress, also while scaling is in progress, and no matter
+    how long the engine has been silent.
+
+    Replaced: the engine's exit. The engine core is stopped (SIGSTOP), so it
+    sends nothing, as an exited one; an exited process would end the engine
+    the other tests of this module share."""
+    from vllm.entrypoints.serve.elastic_ep import middleware
+
+    monkeypatch.setenv("VLLM_HEALTH_CHECK_FAILS_ON_STALL", "1")
+    (pid,) = [p.pid for p in server.engine_manager.processes]
+    # Engines pause while scaling: that is not a stall.
+    middleware.set_scaling_elastic_ep(True)
+    try:
+        assert server.get(path) == 200
+        middleware.set_elastic_ep_rank_retired(True)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            deadline = time.monotonic() + 3 * TIMEOUT_S
+            while time.monotonic() < deadline:
+                assert server.get(path) == 200
+                time.sleep(0.1)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+    finally:
+        middleware.set_elastic_ep_rank_retired(False)
+        middleware.set_scaling_elastic_ep(False)
+    # Serving again, and the resumed engine reports again.
+    time.sleep(2 * TIMEOUT_S / 4)
+    assert server.get(path) == 200
+
+
+class DPServer:
+    """Two real engine cores (DP=2, internal load balancing: the
+    DPLBAsyncMPClient and its DP coordinator) behind one AsyncLLM."""
+
+    def __init__(self) -> None:
+        from qeo_fake_executor import FakeExecutor, make_config, write_tiny_model
+        from vllm.config import ParallelConfig
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        config = make_config(
+            write_tiny_model(os.path.join(TMP, "model")),
+            parallel_config=ParallelConfig(data_parallel_size=2, data_parallel_size_local=2),
+            max_num_batched_tokens=256,
+            max_num_seqs=8,
+            max_model_len=2048,
+            is_encoder_decoder=False,
+        )
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+        async def start() -> Any:
+            return AsyncLLM(config, executor_class=FakeExecutor, log_stats=False)
+
+        self.llm = asyncio.run_coroutine_threadsafe(start(), self.loop).result(120)
+        self.app = Server.make_app(self.llm)
+
+    def get(self, path: str) -> int:
+        async def get() -> int:
+            transport = httpx.ASGITransport(app=self.app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+                return (await c.get(path)).status_code
+
+        return asyncio.run_coroutine_threadsafe(get(), self.loop).result(60)
+
+    def shutdown(self) -> None:
+        self.llm.shutdown()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+@pytest.fixture(scope="module")
+def dp_server() -> Iterator[DPServer]:
+    os.makedirs(TMP, exist_ok=True)
+    mp = pytest.MonkeyPatch()
+    mp.setenv("VLLM_ENGINE_PROGRESS_TIMEOUT_SECONDS", str(TIMEOUT_S))
+    mp.setenv("QEO_PROGRESS_HANG_FILE", HANG_FILE)
+    mp.setenv("QEO_PROGRESS_RPC_HANG_FILE", RPC_HANG_FILE)
+    mp.setenv("QEO_PROGRESS_SLOW_FILE", SLOW_FILE)
+    mp.setenv("VLLM_WORKER_MULTIPROC_METHOD", "fork")
+    mp.setenv("HF_HUB_OFFLINE", "1")
+    mp.setenv("TRANSFORMERS_OFFLINE", "1")
+    s = DPServer()
+    try:
+        yield s
+    finally:
+        s.shutdown()
+        mp.undo()
+
+
+@pytest.mark.parametrize("path", ["/health", "/health/progress"])
+def test_engine_removed_by_elastic_ep_scale_down_is_not_a_stall(dp_server, monkeypatch, path):
+    """Internal-LB elastic EP scale down from 2 engines to 1:
+    DPLBAsyncMPClient._commit_scale_down_elastic_ep drops the removed engine
+    from core_engines (the engines requests are routed to), then the engine
+    exits. It stops reporting; the check must not count it as stalled.
+
+    Replaced: the Ray actor manager that scale down needs (the test machine
+    has no Ray cluster): its effect on the frontend is applied here, the
+    client's core_engines truncated to the surviving engine as the real
+    commit does, and the removed engine core is stopped (SIGSTOP, silent as
+    an exited one; an exited process would trip the multiprocessing engine
+    monitor, which Ray's actor manager does not have)."""
+    monkeypatch.setenv("VLLM_HEALTH_CHECK_FAILS_ON_STALL", "1")
+    client = dp_server.llm.engine_core
+    assert len(client.core_engines) == 2
+    # Both engines report first.
+    time.sleep(2 * TIMEOUT_S)
+    assert dp_server.get(path) == 200
+    removed = dp_server.llm.engine_core.resources.engine_manager.processes[1]
+    old_core_engines = client.core_engines
+    client.core_engines = old_core_engines[:1]
+    os.kill(removed.pid, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 3 * TIMEOUT_S
+        while time.monotonic() < deadline:
+            assert dp_server.get(path) == 200
+            time.sleep(0.1)
+    finally:
+        os.kill(removed.pid, signal.SIGCONT)
+        client.core_engines = old_core_engines
