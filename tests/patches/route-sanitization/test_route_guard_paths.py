@@ -7,7 +7,7 @@
   too, and padding routes stay -1 (no expert-0 work). Only the Trellis weight layout, whose FC2
   indexes with the raw id, gets expert 0 with weight 0 instead.
 * Data parallelism without expert parallelism all-gathers every DP rank's tokens: the route
-  capacity (and the FlashInfer wrapper's max_num_tokens) is max_num_tokens x DP size.
+  capacity is max_num_tokens x DP size.
 * A non-contiguous top-k input (a strided view) is guarded, not rejected.
 * The route buffers exist from construction, before any call, so no call (the first one during
   CUDA-graph capture included) allocates.
@@ -144,27 +144,32 @@ def test_route_buffers_exist_before_the_first_call(
 
 @pytest.mark.parametrize("backend", ["flashinfer", "b12x"])
 def test_dp_without_ep_route_capacity_is_max_tokens_times_dp(make_b12x_layer, b12x_tp_launches, apply_b12x_tp, backend):
+    """The guard takes what the naive dispatch all-gathers (the FlashInfer wrapper's own capacity
+    is the next patch's, test_b12x_wrapper_capacity.py)."""
     max_num_tokens, dp_size = 4, 2
     gathered = max_num_tokens * dp_size
-    if backend == "flashinfer":
-        layer = make_b12x_layer(
-            NUM_EXPERTS, top_k=TOP_K, max_num_tokens=max_num_tokens, moe_parallel_config=_dp_no_ep(dp_size)
-        )
-        call = layer.apply
-    else:
-        experts = _tp_experts(("nvfp4", "nvfp4"), max_num_tokens=max_num_tokens, dp_size=dp_size)
-
-        def call(ids, weights):
-            apply_b12x_tp(experts, ids, weights)
 
     def routes(num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         ids = torch.arange(num_tokens * TOP_K, dtype=torch.int32).view(num_tokens, TOP_K)
         return ids, torch.full((num_tokens, TOP_K), 0.25)
 
-    # The tokens of both DP ranks, all-gathered, fit.
-    call(*routes(gathered))
     if backend == "flashinfer":
-        assert layer.experts._wrapper.max_num_tokens == gathered
+        layer = make_b12x_layer(
+            NUM_EXPERTS, top_k=TOP_K, max_num_tokens=max_num_tokens, moe_parallel_config=_dp_no_ep(dp_size)
+        )
+        guard = layer.experts._route_guard
+        call = layer.apply
+    else:
+        experts = _tp_experts(("nvfp4", "nvfp4"), max_num_tokens=max_num_tokens, dp_size=dp_size)
+        guard = experts._route_guard
+
+        def call(ids, weights):
+            apply_b12x_tp(experts, ids, weights)
+
+        # The tokens of both DP ranks, all-gathered, fit.
+        call(*routes(gathered))
+        assert b12x_tp_launches.calls[-1]["ids_copy"].shape == (gathered, TOP_K)
+    assert guard.max_num_tokens == gathered and guard.ids.shape == (gathered, TOP_K)
     with pytest.raises(ValueError, match=f"exceeds the MoE route capacity \\({gathered} "):
         call(*routes(gathered + 1))
 
