@@ -77,9 +77,10 @@ def make_routes(
 
 
 def expected_routes(ids: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """FlashInferB12xExperts' guard: invalid ids become -1 (which its kernels skip), weight 0."""
     valid = (ids >= 0) & (ids < NUM_EXPERTS)
     return (
-        torch.where(valid, ids, 0).to(torch.int32),
+        torch.where(valid, ids, -1).to(torch.int32),
         torch.where(valid, weights, 0.0),
     )
 

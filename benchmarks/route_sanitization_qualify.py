@@ -81,9 +81,9 @@ def check_kernel(top_k: int, ids_dtype: torch.dtype, weights_dtype: torch.dtype,
             ok = torch.equal(out_ids.cpu(), ref_ids) and torch.equal(
                 out_w.cpu().view(torch.int32), ref_w.view(torch.int32)
             )
-            # The reference itself: invalid -> (0, 0.0), valid kept.
+            # The reference itself: invalid -> (-1, 0.0), valid kept.
             valid = (ids >= 0) & (ids < NUM_EXPERTS)
-            ok = ok and torch.equal(ref_ids.long(), torch.where(valid, ids, 0).long())
+            ok = ok and torch.equal(ref_ids.long(), torch.where(valid, ids, -1).long())
             ok = ok and torch.equal(ref_w, torch.where(valid, weights.float(), 0.0))
             checked_failed = stats.setdefault(name, [0, 0, 0])
             checked_failed[0] += 1

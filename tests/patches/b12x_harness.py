@@ -136,6 +136,40 @@ def make_b12x_tp_experts(
     return B12xExperts(moe_config, quant_config)
 
 
+def apply_b12x_tp_routes(experts: B12xExperts, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> None:
+    """One real B12xExperts.apply() call with the given routes, on CPU.
+
+    The b12x library prepares weights and plans only on an SM12x GPU, so the prepared weights and
+    the plan are stand-ins (the seams vLLM's own tests/kernels/moe/test_b12x.py uses); the caller
+    replaces ``b12x._run_b12x_moe_plan`` (bind + launch) and ``b12x._is_current_stream_capturing``.
+    """
+    scratch_bytes = 64
+    experts._prepared_experts = object()  # what process_weights_after_loading prepares on a GPU
+    experts._plan = lambda **_: SimpleNamespace(  # type: ignore[method-assign]
+        scratch_specs=lambda: [SimpleNamespace(dtype=torch.uint8, shape=(scratch_bytes,))]
+    )
+    num_tokens = topk_ids.size(0)
+    hidden = experts.moe_config.hidden_dim
+    hidden_states = torch.zeros(num_tokens, hidden, dtype=torch.bfloat16)
+    experts.apply(
+        output=torch.empty_like(hidden_states),
+        hidden_states=hidden_states,
+        w1=torch.empty(0),
+        w2=torch.empty(0),
+        topk_weights=topk_weights,
+        topk_ids=topk_ids,
+        activation=experts.moe_config.activation,
+        global_num_experts=experts.moe_config.num_experts,
+        expert_map=None,
+        a1q_scale=None,
+        a2_scale=None,
+        workspace13=None,
+        workspace2=torch.empty(scratch_bytes, dtype=torch.uint8),
+        expert_tokens_meta=None,
+        apply_router_weight_on_input=False,
+    )
+
+
 def describe_vllm() -> str:
     """Which vLLM and which vLLM platform this process runs (for a benchmark's record)."""
     import vllm

@@ -25,14 +25,13 @@ launch: the point where vLLM hands the routes to the library) is a recorder, and
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
 import flashinfer.fused_moe as fi_fused_moe
 import pytest
 import torch
 import vllm.model_executor.layers.fused_moe.b12x as b12x
-from b12x_harness import B12xLayer, cpu_wrapper_class
+from b12x_harness import B12xLayer, apply_b12x_tp_routes, cpu_wrapper_class
 from flashinfer.fused_moe.cute_dsl.blackwell_sm12x import moe_dispatch
 
 
@@ -115,28 +114,8 @@ def apply_b12x_tp(b12x_tp_launches):
 
 def _apply_b12x_tp(experts: b12x.B12xExperts, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> None:
     """One real B12xExperts.apply() call with the given routes (seams: see the module docstring)."""
-    scratch_bytes = 64
-    experts._prepared_experts = object()  # what process_weights_after_loading prepares on a GPU
-    experts._plan = lambda **_: SimpleNamespace(  # type: ignore[method-assign]
-        scratch_specs=lambda: [SimpleNamespace(dtype=torch.uint8, shape=(scratch_bytes,))]
-    )
-    num_tokens = topk_ids.size(0)
-    hidden = experts.moe_config.hidden_dim
-    hidden_states = torch.zeros(num_tokens, hidden, dtype=torch.bfloat16)
-    experts.apply(
-        output=torch.empty_like(hidden_states),
-        hidden_states=hidden_states,
-        w1=torch.empty(0),
-        w2=torch.empty(0),
-        topk_weights=topk_weights,
-        topk_ids=topk_ids,
-        activation=experts.moe_config.activation,
-        global_num_experts=experts.moe_config.num_experts,
-        expert_map=None,
-        a1q_scale=None,
-        a2_scale=None,
-        workspace13=None,
-        workspace2=torch.empty(scratch_bytes, dtype=torch.uint8),
-        expert_tokens_meta=None,
-        apply_router_weight_on_input=False,
-    )
+    apply_b12x_tp_routes(experts, topk_ids, topk_weights)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")

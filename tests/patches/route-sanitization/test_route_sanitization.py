@@ -1,11 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Regression tests: FlashInferB12xExperts.apply() never hands the B12x kernel
-an expert id outside [0, num_experts).
+"""Regression tests: FlashInferB12xExperts.apply() hands the B12x kernel only
+expert ids in [0, num_experts) and the unrouted marker -1.
 
-With VLLM_MOE_SKIP_PADDING (the default) padded rows carry expert id -1; the
-kernel indexes its per-expert state with the raw id (illegal address, Xid 31).
-The real apply() path runs on CPU; the kernel launch is replaced by a recorder
-and the wrapper's CUDA allocation is redirected to CPU (see conftest.py).
+With VLLM_MOE_SKIP_PADDING (the default) padded rows carry expert id -1, which
+flashinfer 0.7.2.post1's SM12x kernels skip; an id at or above num_experts (or
+an int64 id that wraps into range when narrowed to int32) indexes the kernel's
+per-expert state (illegal address, Xid 31). Out-of-range ids must become -1,
+and padding must stay -1: turning it into expert 0 makes every padded route
+real expert-0 work. The real apply() path runs on CPU; the kernel launch is
+replaced by a recorder and the wrapper's CUDA allocation is redirected to CPU
+(see conftest.py).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 @pytest.mark.parametrize("ids_dtype", [torch.int32, torch.int64])
-def test_field_vector_padding_routes_become_expert0_weight0(make_b12x_layer, b12x_seams, ids_dtype):
+def test_field_vector_out_of_range_routes_become_unrouted(make_b12x_layer, b12x_seams, ids_dtype):
     layer = make_b12x_layer(NUM_EXPERTS, top_k=3)
     topk_ids = torch.tensor([[-1, 7, 512]], dtype=ids_dtype)
     topk_weights = torch.tensor([[0.4, 0.5, 0.6]], dtype=torch.float32)
@@ -32,7 +36,7 @@ def test_field_vector_padding_routes_become_expert0_weight0(make_b12x_layer, b12
     seen = b12x_seams.calls[-1]
     assert seen["num_experts"] == NUM_EXPERTS
     assert seen["ids_copy"].dtype == torch.int32
-    assert seen["ids_copy"].tolist() == [[0, 7, 0]]
+    assert seen["ids_copy"].tolist() == [[-1, 7, -1]]
     assert seen["weights_copy"].tolist() == [[0.0, 0.5, 0.0]]
     # The router's own tensors are left as they were.
     assert torch.equal(topk_ids, ids_before)
@@ -102,16 +106,47 @@ def test_no_invalid_id_reaches_kernel_and_valid_routes_are_kept(top10_layer, b12
 
     assert ids.dtype == torch.int32
     assert ids.shape == topk_ids.shape
-    assert bool(((ids >= 0) & (ids < NUM_EXPERTS)).all()), ids[~valid]
-    # Valid routes keep their id and weight; invalid ones get weight 0.
+    # Valid routes keep their id and weight; every invalid one becomes the
+    # unrouted marker -1 (which the kernel skips) with weight 0.
     assert torch.equal(ids[valid].long(), topk_ids[valid].long())
     assert torch.equal(weights[valid], topk_weights[valid])
+    assert bool((ids[~valid] == -1).all()), ids[~valid]
     assert bool((weights[~valid] == 0).all())
 
-    # The weighted sum the kernel forms over its routes equals the weighted
-    # sum over the router's valid routes alone.
+    # The weighted sum the kernel forms over the routes it does not skip
+    # equals the weighted sum over the router's valid routes alone.
+    routed = ids >= 0
     features = torch.randn(NUM_EXPERTS, 4, dtype=torch.float64)
-    got = (weights.double().unsqueeze(-1) * features[ids.long()]).sum(dim=1)
+    kernel_ids = torch.where(routed, ids, 0).long()
+    got = ((weights.double() * routed).unsqueeze(-1) * features[kernel_ids]).sum(dim=1)
     safe_ids = torch.where(valid, topk_ids, 0).long()
     want = ((topk_weights.double() * valid).unsqueeze(-1) * features[safe_ids]).sum(dim=1)
     torch.testing.assert_close(got, want)
+
+
+# A CUDA-graph replay of a padded decode batch: 5 real tokens in the 8-token
+# graph, the last 3 rows written as padding (-1) by the router.
+REAL_ROWS, GRAPH_ROWS, PAD_TOP_K = 5, 8, 8
+
+
+def _padded_batch(ids_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    # Real routes avoid expert 0, so any expert-0 route the kernel sees was
+    # made from padding.
+    ids = torch.arange(1, 1 + GRAPH_ROWS * PAD_TOP_K, dtype=ids_dtype).view(GRAPH_ROWS, PAD_TOP_K)
+    ids[REAL_ROWS:] = -1
+    weights = torch.full((GRAPH_ROWS, PAD_TOP_K), 1.0 / PAD_TOP_K)
+    return ids, weights
+
+
+@pytest.mark.parametrize("ids_dtype", [torch.int32, torch.int64])
+def test_padding_routes_stay_unrouted_not_expert0(make_b12x_layer, b12x_seams, ids_dtype):
+    """Kept from 0.33.0: the kernel skips -1, so padding reaches it as -1, not as expert-0 work."""
+    layer = make_b12x_layer(NUM_EXPERTS, top_k=PAD_TOP_K, max_num_tokens=GRAPH_ROWS)
+    topk_ids, topk_weights = _padded_batch(ids_dtype)
+
+    layer.apply(topk_ids, topk_weights)
+
+    ids = b12x_seams.calls[-1]["ids_copy"]
+    assert ids[REAL_ROWS:].tolist() == [[-1] * PAD_TOP_K] * (GRAPH_ROWS - REAL_ROWS)
+    assert int((ids == 0).sum()) == 0
+    assert torch.equal(ids[:REAL_ROWS].long(), topk_ids[:REAL_ROWS].long())
