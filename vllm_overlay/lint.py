@@ -17,6 +17,28 @@ from vllm_overlay.series import (
     tests_path_problems,
 )
 
+# vLLM's pre-commit requires both lines at the top of every Python file; the patch regression
+# tests are written to be sent upstream with their patches, so they carry them too.
+SPDX_LINES = (
+    "# SPDX-License-Identifier: Apache-2.0",
+    "# SPDX-FileCopyrightText: Copyright contributors to the vLLM project",
+)
+
+
+def spdx_problems(repo_root: Path) -> list[str]:
+    """Python files under tests/patches/ that lack one of vLLM's two SPDX header lines."""
+    problems = []
+    root = repo_root / "tests" / "patches"
+    for path in sorted(root.rglob("*.py")) if root.is_dir() else []:
+        if "__pycache__" in path.parts:
+            continue
+        head = path.read_text(encoding="utf-8", errors="replace").splitlines()[:5]
+        missing = [line for line in SPDX_LINES if line not in head]
+        if missing:
+            rel = path.relative_to(repo_root).as_posix()
+            problems.append(f"{rel}: lacks the SPDX header line {missing[0]!r} (vLLM's pre-commit requires both)")
+    return problems
+
 
 def lint(repo_root: Path, patches_dir: Path, tree: Path | None = None) -> list[str]:
     """Every problem found, as ``patches/NAME: message`` lines (empty list: all good)."""
@@ -72,4 +94,5 @@ def lint(repo_root: Path, patches_dir: Path, tree: Path | None = None) -> list[s
                 problems.append(f"{where}: Targets {target!r} is not MODULE:QUALNAME")
         problems.extend(f"{where}: {problem}" for problem in dependencies.lint_problems(patch, pins))
         problems.extend(f"{where}: {problem}" for problem in paths.problems(patch, tree))
+    problems.extend(spdx_problems(repo_root))
     return problems

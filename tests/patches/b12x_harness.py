@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Shared harness for the B12x MoE series (route-sanitization, workspace-reuse): their CPU tests
 and their GPU benchmarks build the real layer through ``make_experts``.
 

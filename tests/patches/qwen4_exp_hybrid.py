@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """The Qwen4Exp hybrid-KV scenario shared by the byte-accounting test and its benchmark.
 
 A real ``VllmConfig`` from a Qwen4Exp config file whose GDN state page is 3,207,168 B, the real QSA

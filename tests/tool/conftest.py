@@ -23,6 +23,10 @@ IDENTITY = {
     "GIT_AUTHOR_DATE": "2026-11-29T00:00:00+0000",
     "GIT_COMMITTER_DATE": "2026-11-29T00:00:00+0000",
 }
+# vLLM's two SPDX lines, which every file under tests/patches/ carries (lint-patches checks them).
+SPDX_HEADER = (
+    "# SPDX-License-Identifier: Apache-2.0\n# SPDX-FileCopyrightText: Copyright contributors to the vLLM project\n"
+)
 TRAILERS = """Description: {subject}
 Origin: vendor
 Forwarded: no
@@ -107,7 +111,7 @@ def make_patch(tmp_path: Path, project: Path) -> PatchMaker:
         path.write_text(text)
         test_file = project / "tests" / "patches" / series / "test_demo.py"
         test_file.parent.mkdir(parents=True, exist_ok=True)
-        test_file.write_text("def test_placeholder():\n    assert True\n")
+        test_file.write_text(SPDX_HEADER + "def test_placeholder():\n    assert True\n")
         with open(project / "patches" / "series", "a") as handle:
             handle.write(name + "\n")
         made.append(path)

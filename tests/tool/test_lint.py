@@ -106,3 +106,16 @@ def test_tests_entry_through_a_symlink_out_of_its_folder(project, make_patch, up
     test_file.unlink()
     test_file.symlink_to(elsewhere)
     assert any("leads out of tests/patches/demo/" in p for p in problems(project))
+
+
+def test_patch_tests_carry_both_spdx_lines(project, make_patch, upstream_dir):
+    """vLLM's pre-commit requires both SPDX lines; the regression tests go upstream with their patches."""
+    make_patch(upstream_dir, change_line_20, "core: change line 20")
+    test_file = project / "tests" / "patches" / "demo" / "test_demo.py"
+    test_file.write_text("# SPDX-License-Identifier: Apache-2.0\ndef test_x():\n    assert True\n")
+    assert problems(project) == [
+        "tests/patches/demo/test_demo.py: lacks the SPDX header line '# SPDX-FileCopyrightText: Copyright "
+        "contributors to the vLLM project' (vLLM's pre-commit requires both)"
+    ]
+    test_file.write_text("\n".join(lint.SPDX_LINES) + "\ndef test_x():\n    assert True\n")
+    assert problems(project) == []

@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """The hybrid KV planner must count the bytes each attention layer really holds.
 
 Qwen4Exp registers its QSA side caches (``QSAStateBackend``, whose

@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """A PLE checkpoint may store the complete n-gram table instead of row shards.
 
 ``Qwen4ExpNGramEmbedding.load_weights`` (NVIDIA and AMD) must accept the table

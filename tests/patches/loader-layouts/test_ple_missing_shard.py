@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """A PLE checkpoint saved in numbered row shards that lacks one must not load.
 
 ``Qwen4ExpNGramEmbedding.load_weights`` (NVIDIA and AMD) places each

@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Quantized PLE tables take only checkpoint tensors of their own dtype, on both platforms.
 
 An FP8 table stores float8_e4m3fn values; an NVFP4 table stores packed E2M1

@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """An unsharded ``ngram_embedding.weight`` of the wrong width must not load.
 
 ``VocabParallelEmbedding.weight_loader`` checks only the row count, so a

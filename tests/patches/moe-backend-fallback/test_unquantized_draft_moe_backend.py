@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """An unquantized (BF16) draft of a target on a B12x MoE backend must build its MoE layers.
 
 The draft's VllmConfig comes from the proposer's own ``_create_draft_vllm_config``, which keeps

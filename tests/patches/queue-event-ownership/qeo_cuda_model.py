@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """A deterministic CPU model of the CUDA ordering the offload store path uses.
 
 The machine running these tests has no GPU, so ``torch.Event`` and

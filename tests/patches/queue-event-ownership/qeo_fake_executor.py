@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """A model executor for a real EngineCore on a machine without a GPU.
 
 EngineCore, its Scheduler, KV cache manager and busy loop, the engine-core

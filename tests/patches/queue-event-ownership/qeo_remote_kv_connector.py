@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """A KV connector whose remote KV never arrives, for a decode instance of a
 disaggregated prefill setup whose prefill instance has gone quiet.
 

@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """CPU harnesses for the two B12x backends' apply(): FlashInferB12xExperts and B12xExperts.
 
 The real vLLM ``FlashInferB12xExperts`` and the real flashinfer

@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Regression tests: the one route guard covers both B12x backends and the paths the routes take.
 
 * B12xExperts (fused_moe/b12x.py, the b12x planned API) in every kernel mode it selects: no

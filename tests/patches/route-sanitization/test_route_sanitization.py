@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Regression tests: FlashInferB12xExperts.apply() hands the B12x kernel only
 expert ids in [0, num_experts) and the unrouted marker -1.
 

@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """CPU harness for FlashInferB12xExperts wrapper construction.
 
 The real vLLM ``FlashInferB12xExperts`` builds the real flashinfer

@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Regression tests: identically configured FlashInferB12xExperts layers share
 one set of B12xMoEWrapper buffers (static workspace, dynamic workspace, output)
 instead of allocating a set per layer; a different configuration gets its own
