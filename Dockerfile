@@ -18,7 +18,7 @@
 #   IMAGE_USER           the user the image runs as (default root, as vllm-openai; vllm for
 #                        vllm-openai-nonroot, whose entrypoint wrapper and WORKDIR are kept)
 #   VLLM_SITE_PACKAGES   where the base installs vllm (the build proves it; see below)
-#   TOOL_IMAGE           the first stage's image: python3 (3.11.4+, with venv) and git
+#   TOOL_IMAGE           the first stage's image: python3 (3.11+, with venv) and git
 #   PIP_INDEX_URL, PIP_EXTRA_INDEX_URL, PIP_TRUSTED_HOST   the package index the first stage reads
 #   OVERLAY_REVISION, OVERLAY_SOURCE   label values: e.g. $(git rev-parse HEAD) and the clone URL
 

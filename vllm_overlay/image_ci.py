@@ -67,7 +67,7 @@ NONROOT_TAG = "localhost/vllm-overlay-ci:nonroot"
 TAMPER_LINE = "# tampered by ci-image\n"
 
 
-def _storage(store_root: Path, driver: str) -> None:
+def use_storage(store_root: Path, driver: str) -> None:
     """Point buildah at storage of its own under the store."""
     ci = store_root / "ci"
     conf = ci / f"storage-{driver}.conf"
@@ -187,7 +187,7 @@ class Options:
     python: str | None = None  # interpreter whose installed vllm is the pristine source
     storage_driver: str = "overlay"
     suite: str = "bookworm"
-    tool_suite: str = "trixie"  # the first stage's stand-in (check 5)
+    tool_suite: str = "bookworm"  # the first stage's stand-in (check 5): python3 3.11.2
     mirror: str | None = None  # None: the machine's own apt sources
     rebuild_base: bool = False
     root_build: bool = False  # checks 5 and 6: the project's Dockerfile, and a non-root base
@@ -208,7 +208,7 @@ def run_checks(proj: project.Project, options: Options, build: Build) -> int:
         if os.geteuid() != 0:
             raise engine.EngineError("ci-image needs root (buildah with chroot isolation)")
         store = Store()
-        _storage(store.root, args.storage_driver)
+        use_storage(store.root, args.storage_driver)
         eng = engine.find_engine("buildah")
         containers_before = set(sh(eng.exe, "containers", "-q").split())
         ref = STANDIN.format(version=the_lock.version)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import csv
 import hashlib
 import importlib.metadata
 import json
@@ -20,7 +21,7 @@ import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 BLOCK = 1 << 20
 
@@ -83,20 +84,23 @@ def recorded_files(site_packages: Path, dist: str) -> dict[str, tuple[str | None
     """RECORD of ``dist`` as ``{relative path: (hex sha256 or None, size or None)}``.
 
     Only entries inside ``site_packages`` are kept (``../../../bin/x`` entry-point scripts are not
-    part of the package).
+    part of the package). RECORD is read as it is, not through ``Distribution.files``, which from
+    Python 3.12 leaves out the files missing on disk: a deleted file would go unreported.
     """
     distribution = find_distribution(site_packages, dist)
     if distribution is None:
         raise LookupError(f"no distribution {dist!r} in {site_packages}")
     result: dict[str, tuple[str | None, int | None]] = {}
-    for entry in distribution.files or []:
-        rel = entry.as_posix()
+    for row in csv.reader((distribution.read_text("RECORD") or "").splitlines()):
+        if not row or not row[0]:
+            continue
+        name, recorded_hash, size = [*row, "", ""][:3]
+        rel = PurePosixPath(name).as_posix()
         if rel.startswith("../") or rel.startswith("/"):
             continue
-        digest = None
-        if entry.hash is not None and entry.hash.mode == "sha256":
-            digest = to_hex("sha256=" + entry.hash.value)
-        result[rel] = (digest, entry.size)
+        mode, _, value = recorded_hash.partition("=")
+        digest = to_hex("sha256=" + value) if mode == "sha256" and value else None
+        result[rel] = (digest, int(size) if size else None)
     return result
 
 

@@ -31,7 +31,7 @@ from packaging.utils import (
 from packaging.version import InvalidVersion, Version
 from tqdm import tqdm
 
-from vllm_overlay import atomicfile, indexes, output
+from vllm_overlay import atomicfile, indexes, output, safetar
 from vllm_overlay.lock import Lock
 from vllm_overlay.store import UNPACK_PREFIX, Store
 
@@ -192,18 +192,14 @@ def download(url: str, dest: Path, sha256: str, size: int | None = None) -> Path
 def unpack_sdist(archive: Path, dest: Path) -> Path:
     """Unpack a verified sdist into ``dest`` and return its single top-level directory.
 
-    Members are extracted with tarfile's ``data`` filter: no absolute paths, no ``..``, no links
-    leaving the directory, no device files, and no ownership taken from the archive (git refuses
-    trees owned by other users).
+    Members are extracted by ``safetar``: no absolute names, no ``..``, no links leaving the
+    directory, no device files, and no ownership taken from the archive (git refuses trees owned by
+    other users), with or without tarfile's ``data`` filter (Python 3.11.2 lacks it).
     """
     try:
         with tarfile.open(archive, "r:*") as tar:
-            for member in tar.getmembers():
-                # The data filter would silently strip a leading "/"; an sdist never has one.
-                if member.name.startswith("/"):
-                    raise SourceError(f"{archive.name}: refused to unpack: absolute member {member.name!r}")
-            tar.extractall(dest, filter="data")
-    except (tarfile.FilterError, tarfile.TarError, EOFError) as exc:
+            safetar.extract_all(tar, dest)
+    except (safetar.UnsafeArchive, tarfile.TarError, EOFError) as exc:
         raise SourceError(f"{archive.name}: refused to unpack: {exc}") from exc
     entries = [p for p in dest.iterdir()]
     if len(entries) != 1 or not entries[0].is_dir():

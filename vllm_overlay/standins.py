@@ -33,8 +33,9 @@ from vllm_overlay.targets import commit_reader
 
 STANDIN = "localhost/vllm-openai-standin:v{version}-py"  # -py: carries the .py files only (see carry_files)
 CARRIED_SUFFIXES = (".py",)
-# The first stage of the project's Dockerfile needs python3 (3.11.4+, with venv), git and CA certificates:
-# Debian trixie's (3.13; bookworm's 3.11.2 lacks tarfile's data filter).
+# The first stage of the project's Dockerfile needs python3 (3.11+, with venv), git and CA certificates:
+# Debian bookworm's (3.11.2, without tarfile's data filter: safetar's own checks). README command 1
+# runs on the same stand-in (readme_ci).
 TOOL_STANDIN = "localhost/vllm-overlay-tool-standin:{suite}"
 TOOL_PACKAGES = ("python3", "python3-venv", "git", "ca-certificates")
 NONROOT_USER = "vllm"

@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+import sysconfig
 import textwrap
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -162,8 +163,13 @@ def test_line_one_is_fixed():
 
 
 def fake_env(root: Path, upstream: Path, version: str) -> Path:
-    """A venv sharing the system site-packages (pytest), holding a fake vllm with a RECORD."""
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(root)], check=True)
+    """A venv seeing this interpreter's site-packages (pytest), holding a fake vllm with a RECORD.
+
+    Through a .pth file, not --system-site-packages: when the tests run in a virtual environment
+    (scripts/check runs them in .venv), the system site-packages are the base interpreter's, which
+    need not have pytest (Debian's python3 has none).
+    """
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
     site = Path(
         subprocess.run(
             [str(root / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
@@ -172,6 +178,8 @@ def fake_env(root: Path, upstream: Path, version: str) -> Path:
             check=True,
         ).stdout.strip()
     )
+    paths = sysconfig.get_paths()
+    (site / "running-interpreter.pth").write_text(f"{paths['purelib']}\n{paths['platlib']}\n")
     shutil.copytree(upstream / "vllm", site / "vllm")
     info = site / f"vllm-{version}.dist-info"
     info.mkdir()

@@ -27,8 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--suite", default="bookworm", help="Debian suite of the stand-in (default: bookworm)")
     parser.add_argument(
         "--tool-suite",
-        default="trixie",
-        help="Debian suite of the first stage's stand-in for --root-build (python3 3.11.4+; default: trixie)",
+        default="bookworm",
+        help="Debian suite of the first stage's stand-in for --root-build (python3 3.11+; default: bookworm)",
     )
     parser.add_argument(
         "--mirror",

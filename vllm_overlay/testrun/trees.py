@@ -15,7 +15,7 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_overlay import shadow
+from vllm_overlay import safetar, shadow
 
 
 def git(repo: Path, *args: str, binary: bool = False) -> str | bytes:
@@ -58,7 +58,7 @@ def export_tree(repo: Path, commit: str, paths: list[str], dest: Path) -> None:
     )
     assert proc.stdout is not None
     with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
-        tar.extractall(dest, filter="data")
+        safetar.extract_all(tar, dest)
     if proc.wait() != 0:
         raise RuntimeError(f"git archive {commit} {' '.join(paths)} failed")
 

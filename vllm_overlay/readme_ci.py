@@ -1,0 +1,243 @@
+"""The newcomer check (scripts/ci-readme): README's first command, as a new user meets it on Debian 12.
+
+The two commands are read from README.md itself (its "The two commands" section), so what is tested
+is what the README says. The first one runs in a fresh container of a Debian bookworm stand-in
+(debootstrap: bookworm's own python3 3.11.2 with venv, git and CA certificates, nothing else; the
+same stand-in as the root Dockerfile's tool stage in ci-image --root-build), as a non-root user, in
+a fresh clone of this checkout made in that user's home (uncommitted changes to the project's files
+carried over, so it tests what is here). Then:
+
+  1. the command exits 0 (PEP 668: the system python3 refuses pip installs, so the command must
+     make its own environment);
+  2. build/patched in that clone has the same tree ids, commit for commit (upstream, then one per
+     patch), as this checkout's build/patched;
+  3. the command leaves nothing git sees in the clone (the environment and build/ are ignored);
+  4. the command run a second time reuses the environment (no new virtual environment) and gives
+     the same tree.
+
+The index is the one pip is configured with here (passed as PIP_INDEX_URL / PIP_EXTRA_INDEX_URL;
+file:// indexes stay on the host), the Debian archive the machine's apt sources'. Needs root, buildah
+and debootstrap. Exit codes: 0 passed; 1 a check failed; 2 usage, input or environment error.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import git
+
+from vllm_overlay import engine, output, project
+from vllm_overlay.image_ci import index_build_args, use_storage
+from vllm_overlay.standins import (
+    TOOL_PACKAGES,
+    TOOL_STANDIN,
+    apt_mirror,
+    machine_ca_bundle,
+    make_tool_standin,
+    rootfs_tar,
+    sh,
+)
+from vllm_overlay.store import Store
+
+SECTION = "## The two commands"
+USER = "newcomer"
+HOME = f"/home/{USER}"
+CHECKOUT = f"{HOME}/vllm-overlay"
+
+
+class ReadmeError(RuntimeError):
+    """README.md does not state its two commands as this check reads them."""
+
+
+def readme_commands(readme: Path) -> tuple[str, str]:
+    """The two commands of README's "The two commands" section: the lines of its first indented block.
+
+    A trailing ``# comment`` is dropped; the block must hold exactly two commands.
+    """
+    lines = readme.read_text(encoding="utf-8").splitlines()
+    try:
+        start = lines.index(SECTION) + 1
+    except ValueError as exc:
+        raise ReadmeError(f"{readme}: no '{SECTION}' section") from exc
+    block: list[str] = []
+    for line in lines[start:]:
+        if line.startswith("## "):
+            break
+        if line.startswith("    ") and line.strip():
+            block.append(line)
+        elif block:
+            break
+    commands = [re.sub(r"\s+#.*$", "", line).strip() for line in block]
+    if len(commands) != 2 or not all(commands):
+        raise ReadmeError(f"{readme}: '{SECTION}' must open with a block of two commands, found {commands}")
+    return commands[0], commands[1]
+
+
+def tree_ids(repo: Path | str, runner=None) -> list[str]:
+    """The tree id of every commit of HEAD's history, oldest first."""
+    argv = ["git", "-C", str(repo), "log", "--reverse", "--format=%T", "HEAD"]
+    text = runner(argv) if runner else sh(*argv)
+    return text.split()
+
+
+def clone_into(proj: project.Project, dest: Path) -> int:
+    """A clone of this checkout at ``dest``, with its uncommitted changes to tracked and unignored files.
+
+    Returns how many files the working tree changed against HEAD.
+    """
+    git.Repo.clone_from(str(proj.root), str(dest), no_hardlinks=True)
+    repo = git.Repo(proj.root)
+    changed = [*repo.git.ls_files("-m", "-o", "--exclude-standard", "-z").split("\0")]
+    deleted = set(repo.git.ls_files("-d", "-z").split("\0"))
+    for rel in {rel for rel in changed if rel} - deleted:
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(proj.root / rel, dest / rel)
+    for rel in deleted - {""}:
+        (dest / rel).unlink(missing_ok=True)
+    return len({rel for rel in changed if rel} | (deleted - {""}))
+
+
+@dataclass
+class Options:
+    storage_driver: str = "overlay"
+    suite: str = "bookworm"
+    mirror: str | None = None  # None: the machine's own apt sources
+    rebuild_base: bool = False
+
+
+def run_check(proj: project.Project, options: Options) -> int:
+    failures: list[str] = []
+    figures: list[str] = []
+    started = time.monotonic()
+    try:
+        first, second = readme_commands(proj.root / "README.md")
+        output.info(f"== README command 1: {first}")
+        output.info(f"   README command 2: {second}")
+        if os.geteuid() != 0:
+            raise engine.EngineError("ci-readme needs root (buildah with chroot isolation)")
+        if not (proj.patched_tree / ".git").exists():
+            raise engine.EngineError(f"no {proj.patched_tree} here to compare with: run scripts/apply-patches first")
+        host_trees = tree_ids(proj.patched_tree)
+        store = Store()
+        use_storage(store.root, options.storage_driver)
+        eng = engine.find_engine("buildah")
+        ref = TOOL_STANDIN.format(suite=options.suite)
+        if options.rebuild_base and eng.image_exists(ref):
+            sh(eng.exe, "rmi", "-f", ref)
+        if eng.image_exists(ref):
+            figures.append(f"stand-in {ref}: present (cached)")
+        else:
+            made = time.monotonic()
+            rootfs = rootfs_tar(store.root, options.suite, options.mirror or apt_mirror(), TOOL_PACKAGES)
+            make_tool_standin(eng, ref, rootfs, machine_ca_bundle())
+            figures.append(f"stand-in {ref} created in {time.monotonic() - made:.0f} s")
+
+        container = sh(eng.exe, "from", "--pull=never", ref).splitlines()[-1]
+        try:
+            _newcomer(proj, eng, container, first, host_trees, failures, figures)
+        finally:
+            subprocess.run([eng.exe, "rm", container], capture_output=True, check=False)
+    except (ReadmeError, engine.EngineError, git.GitCommandError, OSError) as exc:
+        output.error(str(exc))
+        for line in figures:
+            output.result(line)
+        return 1 if failures else 2
+    figures.append(f"ci-readme took {time.monotonic() - started:.0f} s in all")
+    for line in figures:
+        output.result(line)
+    for failure in failures:
+        output.error(failure)
+    output.result("ci-readme: " + ("all checks passed" if not failures else f"{len(failures)} check(s) failed"))
+    return 1 if failures else 0
+
+
+def _newcomer(
+    proj: project.Project,
+    eng: engine.Engine,
+    container: str,
+    command: str,
+    host_trees: list[str],
+    failures: list[str],
+    figures: list[str],
+) -> None:
+    isolation = os.environ.get("BUILDAH_ISOLATION", "chroot")
+    index = index_build_args()
+    env = [f"HOME={HOME}", "LANG=C.UTF-8", *(f"{key}={value}" for key, value in index.items())]
+
+    def as_user(*argv: str, stream: bool = False) -> subprocess.CompletedProcess:
+        full = [eng.exe, "run", "--isolation", isolation, "--user", USER, "--workingdir", CHECKOUT, container]
+        full += ["--", "env", *env, *argv]
+        if stream:  # the command's own output, as the newcomer sees it
+            return subprocess.run(full, stdout=2, stderr=2, check=False)
+        return subprocess.run(full, capture_output=True, text=True, check=False)
+
+    def user_output(argv: list[str]) -> str:
+        result = as_user(*argv)
+        if result.returncode != 0:
+            raise engine.EngineError(f"{' '.join(argv)} as {USER}: {(result.stderr or result.stdout).strip()[-800:]}")
+        return result.stdout
+
+    as_root = [eng.exe, "run", "--isolation", isolation, container, "--"]
+    sh(*as_root, "useradd", "--create-home", "--shell", "/bin/bash", USER)
+    version = sh(*as_root, "python3", "--version")
+    mount = Path(sh(eng.exe, "mount", container))
+    checkout = mount / CHECKOUT.lstrip("/")
+    carried = clone_into(proj, checkout)
+    passwd = (mount / "etc" / "passwd").read_text(encoding="utf-8").splitlines()
+    uid, gid = next(line.split(":")[2:4] for line in passwd if line.startswith(USER + ":"))
+    sh("chown", "-R", f"{uid}:{gid}", str(checkout))
+    output.info(
+        f"== as {USER} (uid {uid}) on Debian {_debian_version(mount)}, {version}, in a fresh clone"
+        + (f" (+{carried} uncommitted file(s) of this working tree)" if carried else "")
+    )
+    output.info(f"   index: {index.get('PIP_INDEX_URL', 'pip default of the stand-in')}")
+
+    status = ["git", "status", "--porcelain", "--untracked-files=all"]
+    before = user_output(status)  # the carried changes, if any
+    runs = []
+    for attempt in (1, 2):
+        output.info(f"== run {attempt}: {command}")
+        began = time.monotonic()
+        code = as_user("bash", "-c", command, stream=True).returncode
+        runs.append(time.monotonic() - began)
+        if code != 0:
+            failures.append(f"README command 1, run {attempt}, exited {code} as {USER} on Debian 12 (output above)")
+            return
+        trees = tree_ids(f"{CHECKOUT}/build/patched", user_output)
+        if trees != host_trees:
+            failures.append(
+                f"run {attempt}: build/patched has {len(trees)} commits, tree ids {[t[:12] for t in trees]}; "
+                f"here {len(host_trees)}, {[t[:12] for t in host_trees]}"
+            )
+        else:
+            figures.append(
+                f"run {attempt}: build/patched has the same {len(trees)} tree ids as here (last {trees[-1][:12]})"
+            )
+        if attempt == 1:
+            venv = user_output(["stat", "-c", "%i %Y", ".venv/pyvenv.cfg"]).strip()
+            after = user_output(status)
+            if after != before:
+                new = sorted(set(after.splitlines()) - set(before.splitlines()))
+                failures.append(f"command 1 left files git sees in the clone: {'; '.join(new)[:400]}")
+            else:
+                figures.append("command 1 leaves nothing git sees in the clone (.venv and build/ ignored)")
+    again = user_output(["stat", "-c", "%i %Y", ".venv/pyvenv.cfg"]).strip()
+    if again != venv:
+        failures.append("run 2 made the virtual environment again instead of reusing it")
+    else:
+        figures.append("run 2 reused .venv")
+    figures.append(
+        f"README command 1 as {USER} on Debian 12: {runs[0]:.0f} s the first time (set-up, sdist download, apply), "
+        f"{runs[1]:.0f} s again"
+    )
+
+
+def _debian_version(mount: Path) -> str:
+    path = mount / "etc" / "debian_version"
+    return path.read_text(encoding="utf-8").strip() if path.is_file() else "?"
