@@ -198,7 +198,14 @@ def unpack_sdist(archive: Path, dest: Path) -> Path:
     """
     try:
         with tarfile.open(archive, "r:*") as tar:
-            safetar.extract_all(tar, dest)
+            try:
+                safetar.extract_all(tar, dest)
+            except OSError as exc:  # the machine's: a full or read-only file system
+                needed = sum(member.size for member in tar.getmembers() if member.isfile())
+                raise SourceError(
+                    f"cannot unpack {archive.name} into {dest}: {exc.strerror or exc} "
+                    f"(it needs about {needed / 2**20:,.0f} MiB there; the cache is $VLLM_OVERLAY_CACHE)"
+                ) from None
     except (safetar.UnsafeArchive, tarfile.TarError, EOFError) as exc:
         raise SourceError(f"{archive.name}: refused to unpack: {exc}") from exc
     entries = [p for p in dest.iterdir()]

@@ -222,3 +222,32 @@ def test_unknown_or_misspelt_lock_keys_are_errors(old, new, where):
     text = (REPO_ROOT / "upstream.lock").read_text().replace(old, new, 1)
     with pytest.raises(lock.LockError, match=re.escape(f"unknown key {where}")):
         lock.parse(text)
+
+
+def test_a_full_cache_while_the_sdist_is_unpacked_is_exit_2_naming_the_space(
+    monkeypatch, tmp_path, project, make_patch, upstream_dir, capsys
+):
+    """The cache's file system fills up during the unpack: the documented exit 2, where and how much."""
+    import subprocess
+
+    cache = tmp_path / "small-cache"
+    cache.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(cache)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode(errors='replace').strip()}")
+    try:
+        monkeypatch.setenv("VLLM_OVERLAY_CACHE", str(cache))
+        make_patch(upstream_dir, change_line_20, "core: change line 20")
+        tree = write_upstream(tmp_path / "src" / "vllm-9.9.8")
+        (tree / "vllm" / "weights.bin").write_bytes(b"\0" * (16 * 2**20))  # 16 MiB unpacked, a few KiB packed
+        archive = tmp_path / "vllm-9.9.8.tar.gz"
+        with tarfile.open(archive, "w:gz") as tar:
+            tar.add(tree, arcname="vllm-9.9.8")
+        monkeypatch.setenv("PIP_INDEX_URL", _file_index(tmp_path / "index", archive))
+        code = cli.main(["apply-patches", "--project", str(project), "--upstream", "9.9.8"])
+        err = capsys.readouterr().err
+        assert code == 2 and "Traceback" not in err
+        assert "cannot unpack vllm-9.9.8.tar.gz" in err and "No space left on device" in err
+        assert "it needs about 16 MiB there" in err
+    finally:
+        subprocess.run(["umount", "-l", str(cache)], check=False)
