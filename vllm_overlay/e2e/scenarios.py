@@ -186,30 +186,37 @@ def metrics(server: Server, series_sha256: str | None) -> Result:
     return Result("metrics", ok, detail, time.monotonic() - started)
 
 
-PLUGIN_LINE = re.compile(r"^\((?P<proc>[A-Za-z]+)(?: pid=(?P<pid>\d+))?\).*\+ overlay: series .*series sha256 ", re.M)
+# vLLM prefixes each process's lines with its name and pid: "(APIServer pid=1)", "(EngineCore pid=2)",
+# "(VllmWorker-0 pid=3)" / "(Worker pid=3)" (one worker process, named twice over its life).
+PROCESS_PREFIX = r"^\((?P<proc>[A-Za-z][\w-]*?)(?:-\d+|_TP\d+)? pid=(?P<pid>\d+)\)"
+PLUGIN_LINE = re.compile(PROCESS_PREFIX + r".*\+ overlay: series .*series sha256 ", re.M)
+KINDS = {"APIServer": "APIServer", "EngineCore": "EngineCore", "VllmWorker": "Worker", "Worker": "Worker"}
 
 
 def plugin_lines(server: Server, patched: bool) -> Result:
-    """The plugin's line in the log of every vLLM process (API server, engine core, each worker)."""
+    """The plugin's line in the log of every vLLM process (API server, engine core, each worker).
+
+    Processes are told apart by pid (a worker logs under two names); every pid that logged
+    anything must have logged the plugin's line.
+    """
     started = time.monotonic()
     text = server.log.read_text(encoding="utf-8", errors="replace")
-    found = sorted({(m.group("proc"), m.group("pid")) for m in PLUGIN_LINE.finditer(text)})
-    processes = sorted({m.group(1) for m in re.finditer(r"^\(([A-Za-z]+)(?: pid=\d+)?\)", text, re.M)})
-    kinds = sorted({proc for proc, _ in found})
+    processes: dict[str, str] = {}
+    for match in re.finditer(PROCESS_PREFIX, text, re.M):
+        processes.setdefault(match.group("pid"), KINDS.get(match.group("proc"), match.group("proc")))
+    logged = {m.group("pid") for m in PLUGIN_LINE.finditer(text)}
+    missing = sorted(f"{kind} {pid}" for pid, kind in processes.items() if pid not in logged)
+    found = sorted(f"{processes.get(pid, '?')} {pid}" for pid in logged)
     if patched:
-        ok = bool(found) and set(kinds) >= {p for p in processes if p in ("APIServer", "EngineCore", "Worker")}
+        ok = not missing and bool(found)
+        detail = f"logged by {', '.join(found) or 'no process'}" + (f"; not by {', '.join(missing)}" if missing else "")
     else:
         ok = not found
-    return Result(
-        "plugin-line",
-        ok,
-        f"logged by {', '.join(f'{k} {p}' for k, p in found) or 'no process'}; "
-        f"processes in log: {', '.join(processes)}",
-        time.monotonic() - started,
-    )
+        detail = f"logged by {', '.join(found) or 'none'} of {len(processes)} processes (no overlay installed)"
+    return Result("plugin-line", ok, detail, time.monotonic() - started)
 
 
-WORKER_RE = re.compile(r"^\(Worker(?:_TP\d+)? pid=(\d+)\)", re.M)
+WORKER_RE = re.compile(r"^\((?:VllmWorker|Worker)[\w-]* pid=(\d+)\)", re.M)
 
 
 def worker_killed(server: Server, timeout: float = 120.0) -> Result:
