@@ -35,12 +35,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tp", action="store_true", help="also the TP=2 probes (64 MiB collective_rpc reply, rank-1 failure)"
     )
+    parser.add_argument(
+        "--range-diff",
+        action="store_true",
+        help="apply both series (build/patched, build/cpu/patched) and print git range-diff of the carried "
+        "series against the locked one; serves nothing",
+    )
     parser.add_argument("--runtime-only", action="store_true", help="only build or verify the CPU runtime")
 
 
 def run(args: argparse.Namespace) -> int:
     root = project.from_args(args).root
     try:
+        if args.range_diff:
+            print(range_diff(root))
+            return 0
         if args.runtime_only:
             env = cpu_runtime.ensure(cpu_runtime.load(carry.CarryProject(root).runtime_lock), Store())
             print(env.python)
@@ -70,3 +79,23 @@ def run(args: argparse.Namespace) -> int:
         return 2
     output.result(suite.render(outcome))
     return 0 if outcome.ok else 1
+
+
+def range_diff(root: Path) -> str:
+    """Both series applied strictly onto their own trees, then ``git range-diff`` between them."""
+    store = Store()
+    main = project.Project(root)
+    main_lock = lock.load(main.lock_file)
+    upstream = sources.obtain(None, main_lock, store)
+    report = apply.apply_series(
+        series.load_series(main.patches, allow_empty=False),
+        upstream,
+        lambda target: sources.checkout(store, upstream, target),
+        main.patched_tree,
+        apply.Options(),
+    )
+    if not report.ok:
+        raise apply.ApplyError(f"patches/ does not apply clean onto {upstream.label}; run scripts/apply-patches")
+    proj = carry.CarryProject(root)
+    carry.build_tree(proj, lock.load(proj.lock_file), store)
+    return carry.range_diff(main.patched_tree, proj.patched_tree)
