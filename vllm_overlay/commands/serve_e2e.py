@@ -36,6 +36,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--tp", action="store_true", help="also the TP=2 probes (64 MiB collective_rpc reply, rank-1 failure)"
     )
     parser.add_argument(
+        "--no-base",
+        action="store_true",
+        help="skip the one-server scenarios (completions, streaming, health, metrics, plugin line, worker kill)",
+    )
+    parser.add_argument(
+        "--hang", action="store_true", help="also the hung-step scenario (a test model whose step blocks; two starts)"
+    )
+    parser.add_argument(
         "--range-diff",
         action="store_true",
         help="apply both series (build/patched, build/cpu/patched) and print git range-diff of the carried "

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from vllm_overlay.e2e.server import MODEL_NAME, Server, get, post_json, stream_completion
 
@@ -269,3 +270,64 @@ def worker_killed(server: Server, timeout: float = 120.0) -> Result:
         f"/health {health_status if health_status else 'no answer'} {after}"
     )
     return Result("worker-sigkill", ok, detail, time.monotonic() - started)
+
+
+def hung_step(server: Server, patched: bool, trigger: Path, timeout_s: float, interval_s: float) -> Result:
+    """A model step made to hang (the test model's forward waits while ``trigger`` exists).
+
+    Patched: /health/progress must answer 503 within the progress timeout plus one report
+    interval of the step starting, and 200 again once the step completes. Pristine has no progress
+    check: what /health says meanwhile is recorded (it stays 200 while nothing advances).
+    """
+    started = time.monotonic()
+    bound = timeout_s + interval_s
+    seen: list[tuple[float, int, int]] = []
+    result: dict[str, object] = {}
+    trigger.write_text("hang\n", encoding="utf-8")
+    try:
+
+        def request() -> None:
+            status, _ = post_json(server.url + "/v1/completions", _completion(PROMPTS[2]), REQUEST_TIMEOUT)
+            result["status"] = status
+
+        thread = threading.Thread(target=request, daemon=True)
+        sent = time.monotonic()
+        thread.start()
+        stalled_at = None
+        while time.monotonic() - sent < bound + 10.0:
+            health_status = get(server.url + "/health", timeout=5)[0]
+            progress_status = get(server.url + "/health/progress", timeout=5)[0]
+            seen.append((time.monotonic() - sent, health_status, progress_status))
+            if progress_status == 503 and stalled_at is None:
+                stalled_at = time.monotonic() - sent
+                break
+            time.sleep(0.25)
+    finally:
+        trigger.unlink(missing_ok=True)
+    thread.join(REQUEST_TIMEOUT)
+    recovered_at = None
+    if patched:
+        end = time.monotonic() + bound + 10.0
+        while time.monotonic() < end:
+            if get(server.url + "/health/progress", timeout=5)[0] == 200:
+                recovered_at = time.monotonic() - sent
+                break
+            time.sleep(0.25)
+    health_seen = sorted({h for _, h, _ in seen})
+    progress_seen = sorted({p for _, _, p in seen})
+    if patched:
+        ok = stalled_at is not None and stalled_at <= bound and recovered_at is not None and result.get("status") == 200
+        detail = (
+            f"/health/progress 503 after {stalled_at:.1f}s (bound {bound:.0f}s)"
+            if stalled_at is not None
+            else f"/health/progress never 503 in {bound + 10:.0f}s (seen {progress_seen})"
+        )
+        detail += (
+            f"; 200 again {recovered_at:.1f}s after the request" if recovered_at is not None else "; not 200 again"
+        )
+    else:
+        ok = result.get("status") == 200 and progress_seen == [404]
+        hang_s = seen[-1][0] if seen else 0.0
+        detail = f"/health {health_seen} throughout the {hang_s:.0f}s hang; /health/progress {progress_seen}"
+    detail += f"; request HTTP {result.get('status')}"
+    return Result("hung-step", ok, detail, time.monotonic() - started)

@@ -36,6 +36,8 @@ class Options:
     ready_timeout: float = 900.0
     tamper: bool = True
     tp: bool = False
+    hang: bool = False
+    base: bool = True  # the one-server scenarios (completions ... worker-sigkill)
     tp_timeout: float = 1200.0
     out: Path | None = None
 
@@ -173,6 +175,58 @@ def tp_results(facts: dict) -> list[scenarios.Result]:
     ]
 
 
+PROGRESS_TIMEOUT_S = 4.0  # VLLM_ENGINE_PROGRESS_TIMEOUT_SECONDS for the hung-step servers
+PLUGIN_DIST = "vllm_overlay_e2e_models-0.0.0.dist-info"
+
+
+def make_hang_model(model: Path, dest: Path) -> Path:
+    """The tiny model's files with config.json naming the hanging test architecture."""
+    from vllm_overlay.e2e.test_models import HANG_ARCH
+
+    dest.mkdir(parents=True, exist_ok=True)
+    for source in model.iterdir():
+        if source.is_file():
+            (dest / source.name).write_bytes(source.read_bytes())
+    config = json.loads((model / "config.json").read_text(encoding="utf-8"))
+    config["architectures"] = [HANG_ARCH]
+    (dest / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    return dest
+
+
+def plugin_path(root: Path, dest: Path) -> str:
+    """A PYTHONPATH on which vLLM's plugin loader finds the test models' entry point."""
+    dist = dest / PLUGIN_DIST
+    dist.mkdir(parents=True, exist_ok=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-overlay-e2e-models\nVersion: 0.0.0\n")
+    (dist / "entry_points.txt").write_text(
+        "[vllm.general_plugins]\ne2e_test_models = vllm_overlay.e2e.test_models:register\n"
+    )
+    return os.pathsep.join([str(dest), str(root)])
+
+
+def hang_scenario(
+    python: Path, root: Path, model: Path, out: Path, label: str, patched: bool, timeout: float
+) -> scenarios.Result:
+    trigger = out / f"hang-{label}.trigger"
+    trigger.unlink(missing_ok=True)
+    spec = ServerSpec(
+        python=python,
+        model=make_hang_model(model, out / "hang-model"),
+        label=f"{label} (hanging model)",
+        env={
+            "PYTHONPATH": plugin_path(root, out / "plugins"),
+            "VLLM_OVERLAY_E2E_TRIGGER": str(trigger),
+            "VLLM_ENGINE_PROGRESS_TIMEOUT_SECONDS": str(PROGRESS_TIMEOUT_S),
+        },
+    )
+    interval = min(1.0, PROGRESS_TIMEOUT_S / 4)  # the engine's report interval for that timeout
+    try:
+        with running(spec, out / f"server-hang-{label}.log", timeout) as server:
+            return scenarios.hung_step(server, patched, trigger, PROGRESS_TIMEOUT_S, interval)
+    except ServerError as exc:
+        return scenarios.Result("hung-step", False, str(exc)[:400], 0.0)
+
+
 def run(root: Path, options: Options) -> Outcome:
     outcome = Outcome()
     proj = carry.CarryProject(root)
@@ -191,6 +245,9 @@ def run(root: Path, options: Options) -> Outcome:
     with Timer(outcome, "model"):
         model = make_model(pristine.python, root, out / "model")
     for label, env, is_patched in (("pristine", pristine, False), ("patched", patched, True)):
+        outcome.results[label] = []
+        if not options.base:
+            continue
         if not is_patched:
             problems = record.verify_distribution(env.site_packages, runtime_lock.project)
             if problems:
@@ -207,7 +264,14 @@ def run(root: Path, options: Options) -> Outcome:
         outcome.results[label] = results
         for result in results:
             output.info(f"[e2e]   {label} {result.name}: {'ok' if result.ok else 'FAILED'} ({result.detail})")
-    outcome.extra.append(_identical(outcome))
+    if options.base:
+        outcome.extra.append(_identical(outcome))
+    if options.hang:
+        for label, env, is_patched in (("pristine", pristine, False), ("patched", patched, True)):
+            with Timer(outcome, f"hung-step {label}"):
+                result = hang_scenario(env.python, root, model, out, label, is_patched, options.ready_timeout)
+            outcome.results[label].append(result)
+            output.info(f"[e2e]   {label} {result.name}: {'ok' if result.ok else 'FAILED'} ({result.detail})")
     if options.tp:
         for label, env in (("pristine", pristine), ("patched", patched)):
             with Timer(outcome, f"tp2 {label}"):
