@@ -32,6 +32,7 @@ from vllm_overlay.lock import SHA256_RE
 from vllm_overlay.store import Store
 
 LOCK_NAME = "cpu/runtime.lock"
+DEFAULT_LOCK = Path(__file__).resolve().parent.parent / LOCK_NAME
 STORE_LOCK = ".cpu-runtime.lock"  # its own lock: a test-environment build elsewhere does not block it
 
 
@@ -170,6 +171,21 @@ def runtime_key(the_lock: RuntimeLock, reqs: list[str]) -> str:
     digest = hashlib.sha256(the_lock.wheel_sha256.encode())
     digest.update(b"\0" + "\n".join(reqs).encode() + b"\0" + version.encode())
     return "cpu-" + digest.hexdigest()[:20]
+
+
+def cached_key(store: Store, lock_path: Path | None = None) -> str | None:
+    """The runtime's key from the cached wheel, without any download; None if it cannot be derived."""
+    try:
+        the_lock = load(lock_path or DEFAULT_LOCK)
+    except RuntimeLockError:
+        return None
+    wheel = store.downloads / the_lock.wheel_filename
+    if not wheel.is_file() or sources.sha256_file(wheel) != the_lock.wheel_sha256:
+        return None
+    try:
+        return runtime_key(the_lock, wheel_requirements(wheel, the_lock))
+    except (RuntimeLockError, OSError, KeyError, zipfile.BadZipFile):
+        return None
 
 
 def ensure(the_lock: RuntimeLock, store: Store, *, nice: int = 10) -> envs.Env:
