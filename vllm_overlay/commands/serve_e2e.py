@@ -70,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
                 tamper=not args.no_tamper,
                 out=args.out,
                 tp=args.tp,
+                hang=args.hang,
+                base=not args.no_base,
             ),
         )
     except (
