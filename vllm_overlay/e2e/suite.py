@@ -157,6 +157,18 @@ def tp_results(facts: dict) -> list[scenarios.Result]:
     seconds = float(facts.get("seconds", 0.0))
     if facts.get("exit") != 0 or "big_reply_ok" not in facts:
         return [scenarios.Result("tp2", False, f"probe exit {facts.get('exit')} after {seconds:.0f}s", seconds)]
+    if not facts["big_reply_ok"]:
+        failed = next((r for r in rounds if r.get("error") or not all(r["right"])), rounds[-1] if rounds else {})
+        return [
+            scenarios.Result("tp2 ready (LLM)", True, f"{facts.get('ready_s')}s", float(facts.get("ready_s", 0.0))),
+            scenarios.Result(
+                "tp2 64 MiB collective_rpc reply",
+                False,
+                f"round {rounds.index(failed) + 1 if failed in rounds else '?'}: "
+                f"{failed.get('error') or 'wrong payload'} after {failed.get('seconds')}s",
+                float(failed.get("seconds", 0.0)),
+            ),
+        ]
     return [
         scenarios.Result("tp2 ready (LLM)", True, f"{facts.get('ready_s')}s", float(facts.get("ready_s", 0.0))),
         scenarios.Result(

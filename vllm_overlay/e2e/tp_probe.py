@@ -68,7 +68,18 @@ def main(argv: list[str] | None = None) -> int:
     rounds = []
     for index in range(args.rounds):
         begun = time.monotonic()
-        replies = llm.collective_rpc(_big_reply, timeout=RPC_TIMEOUT_S, args=(index, size))
+        try:
+            replies = llm.collective_rpc(_big_reply, timeout=RPC_TIMEOUT_S, args=(index, size))
+        except Exception as exc:  # recorded: a reply lost or late is what this probe looks for
+            rounds.append(
+                {
+                    "ranks": 0,
+                    "right": [],
+                    "error": f"{type(exc).__name__}: {str(exc)[:200]}",
+                    "seconds": round(time.monotonic() - begun, 2),
+                }
+            )
+            break
         right = [reply == payload(rank, index, size) for rank, reply in enumerate(replies)]
         rounds.append(
             {
@@ -79,7 +90,11 @@ def main(argv: list[str] | None = None) -> int:
             }
         )
     facts["big_reply"] = rounds
-    facts["big_reply_ok"] = all(r["ranks"] == 2 and all(r["right"]) for r in rounds)
+    facts["big_reply_ok"] = len(rounds) == args.rounds and all(r["ranks"] == 2 and all(r["right"]) for r in rounds)
+    if not facts["big_reply_ok"]:
+        # The engine does not survive a timed-out RPC; the later probes would only time out too.
+        print(json.dumps(facts, sort_keys=True), flush=True)
+        return 0
     begun = time.monotonic()
     try:
         llm.collective_rpc(_fail_on_rank1, timeout=RPC_TIMEOUT_S)
