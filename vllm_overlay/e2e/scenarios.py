@@ -302,6 +302,8 @@ def hung_step(server: Server, patched: bool, trigger: Path, timeout_s: float, in
                 stalled_at = time.monotonic() - sent
                 break
             time.sleep(0.25)
+        # The step really hung: the request is still open when the trigger goes.
+        result["open_at_release"] = thread.is_alive()
     finally:
         trigger.unlink(missing_ok=True)
     thread.join(REQUEST_TIMEOUT)
@@ -316,7 +318,13 @@ def hung_step(server: Server, patched: bool, trigger: Path, timeout_s: float, in
     health_seen = sorted({h for _, h, _ in seen})
     progress_seen = sorted({p for _, _, p in seen})
     if patched:
-        ok = stalled_at is not None and stalled_at <= bound and recovered_at is not None and result.get("status") == 200
+        ok = (
+            stalled_at is not None
+            and stalled_at <= bound
+            and recovered_at is not None
+            and result.get("status") == 200
+            and bool(result.get("open_at_release"))
+        )
         detail = (
             f"/health/progress 503 after {stalled_at:.1f}s (bound {bound:.0f}s)"
             if stalled_at is not None
@@ -326,8 +334,10 @@ def hung_step(server: Server, patched: bool, trigger: Path, timeout_s: float, in
             f"; 200 again {recovered_at:.1f}s after the request" if recovered_at is not None else "; not 200 again"
         )
     else:
-        ok = result.get("status") == 200 and progress_seen == [404]
+        ok = result.get("status") == 200 and progress_seen == [404] and bool(result.get("open_at_release"))
         hang_s = seen[-1][0] if seen else 0.0
         detail = f"/health {health_seen} throughout the {hang_s:.0f}s hang; /health/progress {progress_seen}"
-    detail += f"; request HTTP {result.get('status')}"
+    detail += (
+        f"; request HTTP {result.get('status')}, open until the step was released: {result.get('open_at_release')}"
+    )
     return Result("hung-step", ok, detail, time.monotonic() - started)
