@@ -111,3 +111,13 @@ def test_laying_a_file_never_writes_through_a_hard_link(tmp_path):
     layout._replace(shipped, copy)
     assert copy.read_text() == "patched\n"
     assert pristine.read_text() == "pristine\n"
+
+
+def test_carried_series_lints_clean_and_keeps_the_series_order():
+    from vllm_overlay import lint
+
+    proj = carry.CarryProject(REPO_ROOT)
+    assert lint.lint(REPO_ROOT, proj.patches) == []
+    carried = [p.name for p in series.load_series(proj.patches)]
+    locked = [p.name for p in series.load_series(REPO_ROOT / "patches")]
+    assert carried == locked  # every patch carried, in the same order
