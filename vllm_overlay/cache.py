@@ -58,17 +58,27 @@ def disk_usage(path: Path) -> int:
     return total
 
 
+def _kept_keys(store: Store) -> set[str]:
+    """Environments of this checkout other than the test environment: the CPU runtime's
+    (cpu/runtime.lock, vllm_overlay.cpu_runtime), where its wheel is in the cache to derive it from."""
+    from vllm_overlay import cpu_runtime
+
+    key = cpu_runtime.cached_key(store)
+    return {key} if key else set()
+
+
 def _environment_entries(store: Store, key: str) -> list[Entry]:
     if not store.envs.is_dir():
         return []
+    keys = {key, *_kept_keys(store)}
     published = {link.resolve() for link in store.envs.iterdir() if link.is_symlink()}
     entries = []
     for path in sorted(store.envs.iterdir()):
         if path.is_symlink():
-            status = CURRENT if path.name == key else STALE
+            status = CURRENT if path.name in keys else STALE
             entries.append(Entry(path, "environment", status, disk_usage(path.resolve())))
         elif path.name.endswith(".build.log"):
-            status = CURRENT if path.name == f"{key}.build.log" else STALE
+            status = CURRENT if path.name.removesuffix(".build.log") in keys else STALE
             entries.append(Entry(path, "build log", status, disk_usage(path)))
         elif path.name.startswith(".") and path.is_dir() and path.resolve() not in published:
             entries.append(Entry(path, "unfinished build", ORPHAN, disk_usage(path)))
@@ -103,7 +113,11 @@ def entries(store: Store, lock: Lock) -> list[Entry]:
 
 def prune(store: Store, lock: Lock, dry_run: bool = False) -> list[Entry]:
     """Remove the stale environments and unfinished builds; return what was (or would be) removed."""
-    with store.exclusive():  # no build or check may run while environments are removed
+    from vllm_overlay.cpu_runtime import STORE_LOCK
+
+    # No build or check may run while environments are removed (the CPU runtime builds under a lock
+    # of its own).
+    with store.exclusive(), store.exclusive(STORE_LOCK):
         key = current_key(lock)
         removable = [e for e in _environment_entries(store, key) + _verdict_entries(store, key) if e.removable]
         if dry_run:

@@ -196,34 +196,65 @@ def _remove_stale(store: Store, key: str, keep: set[Path]) -> None:
 
 
 def _build(store: Store, lock: Lock, key: str, reqs: list[str], link: Path) -> Env:
-    """Build a fresh environment beside the published one, verify it, then publish it atomically."""
+    """Build a fresh test environment beside the published one, verify it, then publish it atomically."""
+    return build_published(
+        store,
+        key,
+        link,
+        [["--upgrade", "pip"], reqs],
+        dist=lock.project,
+        marker_lines=reqs,
+        label="the test environment",
+        size_hint="~3 min, ~10 GB",
+    )
+
+
+def build_published(
+    store: Store,
+    key: str,
+    link: Path,
+    installs: list[list[str]],
+    *,
+    dist: str,
+    marker_lines: list[str],
+    label: str,
+    size_hint: str,
+    nice: int = 0,
+) -> Env:
+    """Build a venv under ``store.envs``, run ``pip install <each of installs>`` in it, prove ``dist``
+    pristine per its RECORD, then publish it as ``link`` (a symlink) atomically.
+
+    Shared by the test environment and the CPU runtime (vllm_overlay.cpu_runtime): both are
+    published only when complete and verified, and a failed build leaves nothing behind.
+    ``nice`` lowers the priority of the pip processes (a shared machine keeps its other work).
+    """
     previous = link.resolve() if link.is_symlink() else None
     _remove_stale(store, key, {previous} if previous else set())
     real = store.envs / f".{key}.{os.getpid()}-{int(time.time())}"
     log = store.envs / f"{key}.build.log"
-    output.info(f"building the test environment in {real} (pip install {' '.join(reqs)}; ~3 min, ~10 GB)")
+    output.info(f"building {label} in {real} ({size_hint})")
     output.info(f"  build log: {log}")
     started = time.monotonic()
+    prefix = ["nice", "-n", str(nice)] if nice else []
     try:
         with open(log, "w", encoding="utf-8") as handle:
             pip = [str(real / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
             pip += indexes.pip_arguments()
-            for command in (
-                [sys.executable, "-m", "venv", str(real)],
-                [*pip, "--upgrade", "pip"],
-                [*pip, *reqs],
-            ):
+            commands = [[sys.executable, "-m", "venv", str(real)], *([*prefix, *pip, *args] for args in installs)]
+            for command in commands:
                 handle.write("$ " + " ".join(command) + "\n")
                 handle.flush()
                 status = subprocess.call(command, stdout=handle, stderr=subprocess.STDOUT)
                 if status != 0:
                     tail = "".join(log.read_text(encoding="utf-8", errors="replace").splitlines(True)[-15:])
-                    raise EnvError(f"building the test environment failed ({' '.join(command[:4])}...):\n{tail}")
+                    raise EnvError(
+                        f"building {label} failed ({' '.join(command[len(prefix) : len(prefix) + 4])}...):\n{tail}"
+                    )
         env = describe(real, key, managed=True)
-        problems = verify(env, lock.project)
+        problems = verify(env, dist)
         if problems:
-            raise EnvError(f"the freshly installed {lock.project} does not match its RECORD: {_summarise(problems)}")
-        (real / MARKER).write_text(key + "\n" + "\n".join(reqs) + "\n", encoding="utf-8")
+            raise EnvError(f"the freshly installed {dist} does not match its RECORD: {_summarise(problems)}")
+        (real / MARKER).write_text(key + "\n" + "\n".join(marker_lines) + "\n", encoding="utf-8")
         temp_link = store.envs / f".{key}.link-{os.getpid()}"
         temp_link.unlink(missing_ok=True)
         temp_link.symlink_to(real.name)
@@ -235,5 +266,5 @@ def _build(store: Store, lock: Lock, key: str, reqs: list[str], link: Path) -> E
         raise
     if previous and previous != real.resolve():
         shutil.rmtree(previous, ignore_errors=True)
-    output.info(f"test environment ready in {time.monotonic() - started:.0f}s: {link}")
+    output.info(f"{label} ready in {time.monotonic() - started:.0f}s: {link}")
     return describe(link, key, managed=True)

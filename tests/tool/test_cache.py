@@ -91,3 +91,19 @@ def test_tool_requirements_of_an_installed_tool_come_from_its_metadata(tmp_path,
     monkeypatch.setattr(envs, "TOOL_DISTRIBUTION", "vllm-overlay-not-installed")
     with pytest.raises(envs.EnvError, match="dependencies"):
         envs.tool_requirements()
+
+
+def test_prune_keeps_the_cpu_runtime_of_this_checkout(project, store_env, monkeypatch):
+    from vllm_overlay import cpu_runtime
+
+    the_lock = lock.load(project / "upstream.lock")
+    store = Store()
+    runtime = fake_environment(store, "cpu-0123456789abcdef0123", 10)
+    old_runtime = fake_environment(store, "cpu-fedcba9876543210fedc", 10)
+    monkeypatch.setattr(cpu_runtime, "cached_key", lambda store, lock_path=None: "cpu-0123456789abcdef0123")
+    listed = {e.path.name: e for e in cache.entries(store, the_lock)}
+    assert listed["cpu-0123456789abcdef0123"].status == cache.CURRENT
+    assert listed["cpu-fedcba9876543210fedc"].status == cache.STALE
+    cache.prune(store, the_lock)
+    assert runtime.exists() and (store.envs / "cpu-0123456789abcdef0123.build.log").exists()
+    assert not old_runtime.exists()

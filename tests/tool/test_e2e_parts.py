@@ -1,0 +1,74 @@
+"""The end-to-end suite's parts that need no server: log parsing, the results table, stopping groups."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from vllm_overlay.e2e import scenarios, server, suite
+
+PATCHED_LOG = """\
+(APIServer pid=10) INFO 12-01 19:55:45 [api_utils.py:347] version 0.32.0
+(EngineCore pid=20) INFO 12-01 19:57:05 [plugin.py:60] vllm 0.32.0 (g5df63a720) + overlay: series s (3 patches); \
+14 file(s) replaced; series sha256 99cf96d0b801d790 [python 3.11.7]
+(VllmWorker-0 pid=30) INFO 12-01 19:57:48 [plugin.py:60] vllm 0.32.0 (g5df63a720) + overlay: series s (3 patches); \
+14 file(s) replaced; series sha256 99cf96d0b801d790 [python 3.11.7]
+(Worker pid=30) WARNING 12-01 19:57:50 [cpu_worker.py:114] libtcmalloc is not found
+"""
+
+
+class _Logged:
+    def __init__(self, path: Path) -> None:
+        self.log = path
+
+
+def test_plugin_line_names_the_process_that_did_not_log(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text(PATCHED_LOG)
+    result = scenarios.plugin_lines(_Logged(log), patched=True)
+    assert not result.ok
+    assert "not by APIServer 10" in result.detail
+    assert "EngineCore 20" in result.detail and "Worker 30" in result.detail
+
+
+def test_plugin_line_passes_when_every_pid_logged(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text("\n".join(line for line in PATCHED_LOG.splitlines() if not line.startswith("(APIServer")))
+    assert scenarios.plugin_lines(_Logged(log), patched=True).ok
+    assert not scenarios.plugin_lines(_Logged(log), patched=False).ok  # pristine must not log it
+
+
+def test_worker_pids_come_from_both_worker_names():
+    assert scenarios.WORKER_RE.findall(PATCHED_LOG) == ["30", "30"]
+
+
+def test_metrics_line_is_matched_with_its_series():
+    body = 'vllm_overlay_info{patches="a/b",series_sha256="abc",upstream_commit="g",upstream_version="0.32.0"} 1.0\n'
+    match = scenarios.INFO_RE.search(body)
+    assert match is not None and 'series_sha256="abc"' in match.group("labels")
+
+
+def test_results_table_puts_runtimes_side_by_side():
+    outcome = suite.Outcome(series_sha256="abc")
+    outcome.results["pristine"] = [scenarios.Result("completions", True, "4 clients", 0.1)]
+    outcome.results["patched"] = [scenarios.Result("completions", False, "1 error", 0.2)]
+    outcome.steps["runtime"] = 2.5
+    table = suite.render(outcome)
+    assert "| completions | ok 0.1s: 4 clients | FAIL 0.2s: 1 error |" in table
+    assert "| runtime | 2.5 |" in table
+    assert not outcome.ok
+
+
+def test_stop_group_ends_the_leader_and_its_children():
+    child = "import time; time.sleep(60)"
+    code = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child!r}]); time.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    deadline = time.monotonic() + 10
+    while len(server._group_members(proc.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(server._group_members(proc.pid)) == 2
+    server.stop_group(proc, grace=5)
+    assert server._group_members(proc.pid) == []
+    assert proc.returncode is not None

