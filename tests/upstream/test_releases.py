@@ -13,7 +13,10 @@ round 2 touches b12x.py too, route-sanitization applies with offsets on these re
 workspace-reuse conflicts in flashinfer_b12x_moe.py). 0.31.0 and 0.32.0 pin
 0.7.0.post1, whose wrapper lacks only expert_map (refresh, not resolve). On every one of them the
 wrong-width patch merges while the n-gram patch that adds check_full_table_shape() does not: a
-broken merge ("resolve"). The round trip bumps the series to 0.32.0 and back. 0.29.0 has no
+broken merge ("resolve"). The wrapper-capacity patch applies clean everywhere and is "refresh" for
+the same wrapper API drift. The offload patch (its flush_timeout_s reaches the connector and its
+documentation) and the progress check (the scaling middleware's paths) conflict on all three. The
+round trip bumps the series to 0.32.0 and back. 0.29.0 has no
 nvidia/ngram_embedding.py: the moved-target check finds the class in the ple_layer.py files.
 These tests need the network (the index) and take a few minutes; tests/tool stays fast.
 """
@@ -40,6 +43,7 @@ LOADER_FULL = "loader-layouts/qwen4-exp-load-complete-ple-n-gram-tables-not-only
 LOADER_WIDTH = "loader-layouts/qwen4-exp-reject-an-unsharded-ple-table-of-the-wrong-width.patch"
 LOADER_DRAFT = "loader-layouts/model-loader-release-a-draft-s-unloaded-lm-head-before-post.patch"
 ROUTES = "route-sanitization/fused-moe-keep-padding-routes-out-of-the-flashinfer-b12x-moe.patch"
+CAPACITY = "route-sanitization/fused-moe-size-the-flashinfer-b12x-wrapper-for-all-gathered.patch"
 WORKSPACE = "workspace-reuse/fused-moe-share-b12x-moe-wrapper-buffers-between-identical.patch"
 LOADER_DTYPE = "loader-layouts/qwen4-exp-refuse-ple-checkpoint-tables-that-quantized.patch"
 LOADER_ROWS = "loader-layouts/qwen4-exp-refuse-a-ple-table-whose-checkpoint-lacks-a-row.patch"
@@ -60,6 +64,10 @@ ALIGN = {
     "vllm.platforms.interface:Platform._align_hybrid_block_size",
 }
 OFFLOAD_INIT = {"vllm.v1.simple_kv_offload.worker:SimpleCPUOffloadWorker.__init__"}
+# The offload patch's flush_timeout_s reaches the connector's __init__ (and its documentation).
+OFFLOAD_TARGETS = OFFLOAD_INIT | {
+    "vllm.distributed.kv_transfer.kv_connector.v1.simple_cpu_offload_connector:SimpleCPUOffloadConnector.__init__"
+}
 EXECUTOR = {
     "vllm.v1.executor.multiproc_executor:MultiprocExecutor.collective_rpc",
     "vllm.v1.executor.multiproc_executor:WorkerProc.ResponseStatus",
@@ -71,6 +79,11 @@ PROGRESS_TARGETS = {
     "vllm.v1.engine.core:EngineCoreProc.__init__",
     "vllm.v1.engine.core:EngineCoreProc._process_engine_step",
     "vllm.v1.engine.core_client:MPClient.__init__",
+}
+# The progress check also brackets utility calls and lets /health/progress through the scaling middleware.
+PROGRESS_NOW = PROGRESS_TARGETS | {
+    "vllm.v1.engine.core:EngineCoreProc._handle_client_request",
+    "vllm.entrypoints.serve.elastic_ep.middleware:_SCALING_OBSERVABILITY_PATHS",
 }
 DTYPE_TARGETS = PLE_LOADER | {"vllm.models.qwen4_exp.nvidia.ngram_embedding:Qwen4ExpNGramEmbedding.load_weights"}
 PLE_METHODS = "vllm.models.qwen4_exp.common.ngram_embedding:Qwen4ExpPLE{}EmbeddingMethod.process_weights_after_loading"
@@ -94,11 +107,12 @@ OLDER = {  # the rows 0.31.0 and 0.30.0 share
     LOADER_ROWS: ("conflict", "resolve", ROWS_TARGETS),
     LOADER_DRAFT: ("conflict", "resolve", DRAFT_LOADERS),
     ROUTES: ("offset", "refresh", B12X_INIT),
+    CAPACITY: ("clean", "refresh", set()),  # refresh: flashinfer's wrapper API differs there
     WORKSPACE: ("clean", "refresh", set()),  # refresh: flashinfer's wrapper API differs there
     DRAFT_MOE: ("conflict", "resolve", UNQUANTIZED_ORACLE),
     BYTES: ("conflict", "resolve", ALIGN),
     FAILURE: ("conflict", "resolve", EXECUTOR),
-    PROGRESS: ("conflict", "resolve", PROGRESS_TARGETS | {"vllm.v1.engine:EngineCoreOutputs"}),
+    PROGRESS: ("conflict", "resolve", PROGRESS_NOW | {"vllm.v1.engine:EngineCoreOutputs"}),
 }
 EXPECTED = {
     "0.30.0": {
@@ -111,12 +125,12 @@ EXPECTED = {
             DRAFT_LOADERS | {"vllm.v1.worker.gpu.spec_decode.dflash.utils:load_dflash_model"},
         ),
         OFFLOAD: (
-            "merged-3way",
-            "refresh",
-            OFFLOAD_INIT | {"vllm.v1.simple_kv_offload.worker:SimpleCPUOffloadWorker.wait_for_save"},
+            "conflict",
+            "resolve",
+            OFFLOAD_TARGETS | {"vllm.v1.simple_kv_offload.worker:SimpleCPUOffloadWorker.wait_for_save"},
         ),
     },
-    "0.31.0": {**OLDER, OFFLOAD: ("offset", "refresh", OFFLOAD_INIT)},
+    "0.31.0": {**OLDER, OFFLOAD: ("conflict", "resolve", OFFLOAD_TARGETS)},
     "0.32.0": {
         LOADER_FULL: ("conflict", "resolve", ENGRAM),
         LOADER_WIDTH: ("merged-3way", "resolve", PLE_LOADER),
@@ -124,12 +138,13 @@ EXPECTED = {
         LOADER_ROWS: ("conflict", "resolve", ROWS_TARGETS),
         LOADER_DRAFT: ("merged-3way", "refresh", SHARING),
         ROUTES: ("offset", "refresh", set()),
+        CAPACITY: ("clean", "refresh", set()),
         WORKSPACE: ("clean", "refresh", set()),
         DRAFT_MOE: ("conflict", "resolve", UNQUANTIZED_ORACLE),
         BYTES: ("conflict", "resolve", ALIGN),
-        OFFLOAD: ("offset", "refresh", OFFLOAD_INIT),
+        OFFLOAD: ("conflict", "resolve", OFFLOAD_TARGETS),
         FAILURE: ("conflict", "resolve", EXECUTOR),
-        PROGRESS: ("merged-3way", "refresh", PROGRESS_TARGETS),
+        PROGRESS: ("conflict", "resolve", PROGRESS_NOW),
     },
 }
 
@@ -146,7 +161,12 @@ RESOLVE_FILES = {
         DRAFT_MOE: {"vllm/model_executor/layers/fused_moe/oracle/unquantized.py"},
     },
     "0.30.0": {
-        PROGRESS: {"vllm/v1/engine/__init__.py", "vllm/v1/engine/async_llm.py", "vllm/v1/engine/core_client.py"},
+        PROGRESS: {
+            "vllm/entrypoints/serve/elastic_ep/middleware.py",
+            "vllm/v1/engine/__init__.py",
+            "vllm/v1/engine/async_llm.py",
+            "vllm/v1/engine/core_client.py",
+        },
         BYTES: {"vllm/platforms/interface.py"},
     },
 }
@@ -214,7 +234,7 @@ def test_audit_against_real_release(version: str, tmp_path: Path) -> None:
     assert f"flashinfer-python 0.7.2.post1 -> {pin}" in rows[WORKSPACE]["reason"]
     assert report["seconds"]["total"] > 0
     range_diff = (tmp_path / "range-diff.txt").read_text()
-    assert "fused_moe: keep padding routes" in range_diff
+    assert "fused_moe: keep out-of-range expert ids" in range_diff
     assert "did not apply on the new base; as on the old base:" in range_diff
 
 
