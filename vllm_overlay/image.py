@@ -20,6 +20,7 @@ the manifest holds no time or host-dependent value.
 
 from __future__ import annotations
 
+import codecs
 import difflib
 import hashlib
 import json
@@ -182,15 +183,26 @@ def _changed_lines(diff: unidiff.PatchSet) -> dict[str, list[tuple[str, str]]]:
     }
 
 
-PATCH_INDEX_RE = re.compile(
-    r"^diff --git a/(\S+) b/(\S+)\n(?:(?!diff --git ).*\n)*?index ([0-9a-f]+)\.\.([0-9a-f]+)", re.M
-)
+def git_path(name: str) -> str:
+    """A path as git means it: ``"caf\\303\\251.py"`` (git's C-quoting of unusual names) unquoted."""
+    if len(name) >= 2 and name[0] == name[-1] == '"':
+        return codecs.escape_decode(name[1:-1].encode("ascii", "backslashreplace"))[0].decode(
+            "utf-8", "surrogateescape"
+        )
+    return name
 
 
-def _patch_post_images(patch: Patch) -> dict[str, str]:
-    """``{path: blob id}`` the patch file says each touched file has after it (its index lines)."""
-    text = patch.raw.decode("utf-8", errors="replace")
-    return {m.group(2): m.group(4) for m in PATCH_INDEX_RE.finditer(text)}
+def _patch_post_images(patch: Patch) -> dict[str, str | None]:
+    """``{path: blob id}`` the patch file says each touched file has after it (its index lines).
+
+    Read with unidiff, paths unquoted as git quotes them (spaces, non-ASCII letters, newlines). A
+    change without an index line (mode only) claims no blob: None.
+    """
+    claimed: dict[str, str | None] = {}
+    for patched in unidiff.PatchSet(patch.raw.decode("utf-8", errors="replace")):
+        index = next((line for line in patched.patch_info if line.startswith("index ")), None)
+        claimed[git_path(patched.path)] = index.split()[1].split("..")[1] if index else None
+    return claimed
 
 
 def _upstream_version(repo: Path, upstream: str) -> str | None:
@@ -234,7 +246,9 @@ def read_patched_repo(tree: Path, patches: list[Patch], lock: Lock) -> tuple[str
         stale = sorted(
             path
             for path in set(claimed) | set(actual)
-            if path not in claimed or path not in actual or not actual[path].startswith(claimed[path])
+            if path not in claimed
+            or path not in actual
+            or (claimed[path] is not None and not actual[path].startswith(claimed[path]))
         )
         if not stale:
             committed = unidiff.PatchSet(_git(tree, "show", "--format=", "--no-renames", "--full-index", commit))

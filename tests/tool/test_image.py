@@ -349,3 +349,19 @@ def test_export_brings_the_dockerfile_in_line(image_project, make_patch, upstrea
     assert cli.main(["export-patches", "--allow-other-upstream", "--project", str(image_project)]) == 0
     assert "updated the generated parts of Dockerfile" in capsys.readouterr().out
     assert dockerfile.read_text() == after
+
+
+def test_unusual_file_names_and_a_mode_only_change_stage(image_project, make_patch, upstream_dir, store_env):
+    """Names git quotes (a space, a non-ASCII letter) and a mode-only change: staged, not "changed after apply"."""
+
+    def edit(tree: Path) -> None:
+        (tree / "vllm" / "with space.py").write_text("SPACED = 1\n")
+        (tree / "vllm" / "café.py").write_text("ACCENTED = 1\n")
+        (tree / "vllm" / "core.py").chmod(0o755)
+
+    make_patch(upstream_dir, edit, "odd names", "alpha")
+    assert run_apply(image_project, upstream_dir)[0] == 0
+    staging = do_stage(image_project)
+    manifest = json.loads((staging.root / "overlay/vllm_overlay_status/manifest.json").read_text())
+    assert {"vllm/with space.py", "vllm/café.py"} <= set(manifest["files"])
+    assert (staging.root / "layers" / "01-alpha" / "vllm" / "café.py").read_text() == "ACCENTED = 1\n"
