@@ -81,8 +81,21 @@ def pip_cert() -> str | None:
     return _pip_options().cert or None
 
 
-def project_files(project: str) -> list[IndexEntry]:
-    """Every file any configured index lists for a project (the first index wins on a name)."""
+class ProjectFiles(list[IndexEntry]):
+    """The files the configured indexes list, and what each index that could not be read said."""
+
+    def __init__(self, entries: list[IndexEntry], unreachable: list[str]) -> None:
+        super().__init__(entries)
+        self.unreachable = unreachable
+
+
+def project_files(project: str) -> ProjectFiles:
+    """Every file any configured index lists for a project (the first index wins on a name).
+
+    An index that cannot be read is not silence: with nothing listed anywhere its error is raised
+    (even when another index answered with an empty page), and otherwise it travels with the
+    result (``unreachable``) so a "not found" can say where it could not look.
+    """
     seen: dict[str, IndexEntry] = {}
     errors: list[str] = []
     indexes = configured()
@@ -94,9 +107,9 @@ def project_files(project: str) -> list[IndexEntry]:
             continue
         for entry in entries:
             seen.setdefault(entry.filename, entry)
-    if not seen and errors and len(errors) == len(indexes):
+    if not seen and errors:
         raise IndexReadError("; ".join(errors))
-    return list(seen.values())
+    return ProjectFiles(list(seen.values()), errors)
 
 
 def _read_project_page(index: str, project: str) -> list[IndexEntry]:

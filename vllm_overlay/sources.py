@@ -88,13 +88,16 @@ def release_files(project: str, version: str) -> list[IndexFile]:
         wanted = (canonicalize_name(project), Version(version))
     except InvalidVersion as exc:
         raise SourceError(f"not a version number: {version!r}") from exc
+    listed = _project_files(project)
     files = [
         IndexFile(entry.filename, entry.url, entry.sha256, entry.size)
-        for entry in _project_files(project)
+        for entry in listed
         if _release_of(entry.filename) == wanted
     ]
     if not files:
-        raise SourceError(f"the package index lists no files for {project} {version}")
+        unreachable = getattr(listed, "unreachable", [])
+        also = f" (and could not read: {'; '.join(unreachable)})" if unreachable else ""
+        raise SourceError(f"the package index lists no files for {project} {version}{also}")
     return files
 
 

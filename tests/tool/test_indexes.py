@@ -251,3 +251,21 @@ def test_a_full_cache_while_the_sdist_is_unpacked_is_exit_2_naming_the_space(
         assert "it needs about 16 MiB there" in err
     finally:
         subprocess.run(["umount", "-l", str(cache)], check=False)
+
+
+def test_an_unreachable_main_index_is_named_when_an_extra_index_has_nothing(monkeypatch, tmp_path, store_env):
+    """The main index down, the extra one answering: the real cause is said, not just "lists no files"."""
+    empty = tmp_path / "empty-index" / "simple"
+    empty.mkdir(parents=True)
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")  # port 9 (discard): refused
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", empty.as_uri())
+    with pytest.raises(sources.SourceError, match=re.escape("cannot read the package index at http://127.0.0.1:9")):
+        sources.release_files("vllm", "9.9.8")
+    # The extra index lists another release: the "not found" says where it could not look.
+    archive = _release_archive(tmp_path, "9.9.8")
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", _file_index(tmp_path / "other-index", archive))
+    with pytest.raises(sources.SourceError) as raised:
+        sources.release_files("vllm", "9.9.7")
+    assert "lists no files for vllm 9.9.7 (and could not read: cannot read the package index at http://127.0.0.1:9" in (
+        str(raised.value)
+    )
