@@ -19,6 +19,9 @@ def _path_problem(name: str) -> str | None:
         return f"absolute path {name!r}"
     if ".." in path.parts:
         return f"path with '..' component {name!r}"
+    if any(part in (".", "") for part in name.split("/")):
+        # git applies 'vllm/./core.py' to nothing it can find: say so instead of reporting a conflict
+        return f"path with a '.' or empty component {name!r} (write it as {path.as_posix()!r})"
     if path.parts[:1] == (".git",) or ".git" in path.parts:
         return f"path inside .git {name!r}"
     return None

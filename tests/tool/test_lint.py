@@ -119,3 +119,13 @@ def test_patch_tests_carry_both_spdx_lines(project, make_patch, upstream_dir):
     ]
     test_file.write_text("\n".join(lint.SPDX_LINES) + "\ndef test_x():\n    assert True\n")
     assert problems(project) == []
+
+
+def test_a_dot_component_is_named_not_left_to_fail_as_a_conflict(project, make_patch, upstream_dir, capsys):
+    path = make_patch(upstream_dir, change_line_20, "core: change line 20")
+    path.write_text(
+        path.read_text().replace("a/vllm/core.py", "a/vllm/./core.py").replace("b/vllm/core.py", "b/vllm/./core.py")
+    )
+    assert any("'.' or empty component 'vllm/./core.py' (write it as 'vllm/core.py')" in p for p in problems(project))
+    code = cli.main(["apply-patches", "--project", str(project), "--upstream", str(upstream_dir)])
+    assert code == 2 and "write it as 'vllm/core.py'" in capsys.readouterr().err
