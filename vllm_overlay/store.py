@@ -55,9 +55,18 @@ class Store:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
     def remove_leftovers(self) -> list[Path]:
-        """Delete what killed runs left: partial downloads, half-unpacked sdists. Call with the lock held."""
+        """Delete what killed runs left: partial downloads, half-unpacked sdists, git lock files of the
+        upstream repository. Call with the lock held.
+
+        Every write into upstreams.git happens under the store's lock, so a ``*.lock`` file there
+        (``refs/tags/upstream/<v>.lock``, ``packed-refs.lock``, ``index.lock``) while we hold it was left
+        by a killed git; git itself would refuse every later ref update until it is gone.
+        """
         found = sorted(self.downloads.glob(".*.part")) if self.downloads.is_dir() else []
         found += sorted(self.root.glob(f"{UNPACK_PREFIX}*")) if self.root.is_dir() else []
+        if self.upstreams_git.is_dir():
+            found += sorted((self.upstreams_git / "refs").rglob("*.lock"))
+            found += sorted(p for p in self.upstreams_git.glob("*.lock") if p.is_file())
         for path in found:
             if path.is_dir():
                 shutil.rmtree(path, ignore_errors=True)

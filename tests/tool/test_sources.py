@@ -135,3 +135,18 @@ def test_directory_and_git_upstreams(tmp_path, store_env):
 def test_bad_spec_is_a_clear_error():
     with pytest.raises(sources.SourceError, match="not a version number"):
         sources.parse_spec("no such thing")
+
+
+def test_a_ref_lock_a_killed_import_left_is_recovered(tmp_path, store_env):
+    """refs/tags/upstream/<v>.lock left by a killed git: the next run removes it and imports, no traceback."""
+    upstream = write_upstream(tmp_path / "up")
+    the_lock = lock.load(REPO_ROOT / "upstream.lock")
+    first = sources.obtain(str(upstream), the_lock, Store())
+    refs = Store().upstreams_git / "refs" / "tags" / "upstream"
+    stale = refs / f"{first.tag.split('/', 1)[1]}.lock"
+    stale.write_text("0" * 40 + "\n")
+    (Store().upstreams_git / "packed-refs.lock").write_text("")
+    (upstream / "vllm" / "core.py").write_text("changed = 1\n")  # a re-import must update the tag
+    again = sources.obtain(str(upstream), the_lock, Store())
+    assert again.commit != first.commit and not stale.exists()
+    assert not (Store().upstreams_git / "packed-refs.lock").exists()
