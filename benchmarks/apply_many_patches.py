@@ -26,14 +26,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-IDENTITY = {
-    "GIT_AUTHOR_NAME": "bench",
-    "GIT_AUTHOR_EMAIL": "bench@example.invalid",
-    "GIT_COMMITTER_NAME": "bench",
-    "GIT_COMMITTER_EMAIL": "bench@example.invalid",
-    "GIT_AUTHOR_DATE": "2026-12-01T00:00:00+0000",
-    "GIT_COMMITTER_DATE": "2026-12-01T00:00:00+0000",
-}
+sys.path.insert(0, str(REPO))
+
+from vllm_overlay.sources import IMPORT_IDENTITY  # noqa: E402  (fixed identity and dates)
+
 TRAILERS = (
     "Description: bench patch {index}\nOrigin: vendor\nForwarded: no\nLast-Update: 2026-12-01\n"
     "Series: bench\nTests: tests/patches/bench/test_bench.py\nTargets: vllm.mod_{module}:line_{line}\n"
@@ -41,7 +37,7 @@ TRAILERS = (
 
 
 def git(cwd: Path, *args: str) -> str:
-    env = dict(os.environ, **IDENTITY)
+    env = dict(os.environ, **IMPORT_IDENTITY)
     return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout
 
 

@@ -13,7 +13,6 @@ apply, export, staging and the image's manifest are the same code as for the loc
 
 from __future__ import annotations
 
-import hashlib
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,11 +54,8 @@ class CarryProject(Project):
 
 
 def series_digest(patches_dir: Path) -> str:
-    """sha256 over patches/series and the bytes of every patch it lists, in order."""
-    digest = hashlib.sha256((patches_dir / series.SERIES_FILE).read_bytes())
-    for entry in series.read_series(patches_dir):
-        digest.update(entry.path.encode() + b"\0" + hashlib.sha256((patches_dir / entry.path).read_bytes()).digest())
-    return digest.hexdigest()
+    """The series' sha256 as the image's manifest and labels state it (``image.series_sha256``)."""
+    return image.series_sha256(series.load_series(patches_dir))
 
 
 def recorded_source(proj: CarryProject) -> str:

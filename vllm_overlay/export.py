@@ -16,7 +16,7 @@ from pathlib import Path
 
 import git
 
-from vllm_overlay import atomicfile
+from vllm_overlay import atomicfile, sources
 from vllm_overlay.apply import CONFIG_PARTIAL, CONFIG_UPSTREAM
 from vllm_overlay.series import PATCH_FILE_TRAILER, SERIES_FILE, SERIES_NAME_RE, read_series, render_series
 
@@ -123,25 +123,33 @@ def _confined_patch_file(name: str, series: str | None, sha: str) -> str:
     return name
 
 
+def base_release(repo_dir: Path) -> tuple[str, list[str], str | None]:
+    """The tree's upstream commit, the release tags on it, and the version its vllm/_version.py records."""
+    repo = git.Repo(repo_dir)
+    base = upstream_base(repo)
+    tags = repo.git.tag("--points-at", base).split()
+    file_version = sources.version_field(sources.version_file_of_commit(repo, base), sources.VERSION_RE_IN_FILE)
+    return base, tags, file_version
+
+
+def is_on_release(tags: list[str], file_version: str | None, version: str) -> bool:
+    """The one rule (export and the image): tagged ``upstream/<version>``, or that version's tree."""
+    return f"upstream/{version}" in tags or file_version == version
+
+
 def check_locked_upstream(repo_dir: Path, version: str) -> None:
-    """Refuse a patched repository that is not built on the locked release (``upstream/<version>``).
+    """Refuse a patched repository that is not built on the locked release.
 
     patches/ is the series for the lock: exported from a tree applied onto another upstream
     (``apply-patches --upstream 0.32.0``), every patch would carry that upstream's context and
     index lines, and the next strict apply onto the locked release would refuse them.
     """
-    repo = git.Repo(repo_dir)
-    base = upstream_base(repo)
-    tag = f"upstream/{version}"
-    try:
-        locked = repo.git.rev_parse("--verify", "--quiet", "--end-of-options", f"{tag}^{{commit}}")
-    except git.GitCommandError:
-        locked = ""
-    if locked != base:
+    base, tags, file_version = base_release(repo_dir)
+    if not is_on_release(tags, file_version, version):
         raise ExportError(
-            f"{repo_dir} is built on upstream {base[:12]}, not on the locked {version} ({tag}): exporting it would "
-            "write patches for another upstream. Run scripts/apply-patches (onto the lock) and redo the change "
-            "there, or move the lock with scripts/bump"
+            f"{repo_dir} is built on upstream {file_version or base[:12]}, not on the locked {version} "
+            f"(upstream/{version}): exporting it would write patches for another upstream. Run "
+            "scripts/apply-patches (onto the lock) and redo the change there, or move the lock with scripts/bump"
         )
 
 

@@ -33,9 +33,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from pathlib import Path, PurePosixPath
 
+import git
 import unidiff
 
-from vllm_overlay import atomicfile, record, sbom
+from vllm_overlay import atomicfile, export, record, sbom
 from vllm_overlay.lock import Lock
 from vllm_overlay.project import Project
 from vllm_overlay.series import PATCH_FILE_TRAILER, Patch, series_names
@@ -205,23 +206,15 @@ def _patch_post_images(patch: Patch) -> dict[str, str | None]:
     return claimed
 
 
-def _upstream_version(repo: Path, upstream: str) -> str | None:
-    try:
-        text = _git(repo, "show", f"{upstream}:vllm/_version.py")
-    except ImageError:
-        return None
-    match = re.search(r"""^(?:__version__\s*=\s*)?version\s*=\s*['"]([^'"]+)['"]""", text, re.M)
-    return match.group(1) if match else None
-
-
 def read_patched_repo(tree: Path, patches: list[Patch], lock: Lock) -> tuple[str, list[tuple[Patch, str]]]:
     """Pair each patch of the series with its commit in ``tree``; refuse a stale or foreign tree."""
     if not (tree / ".git").exists():
         raise ImageError(f"{tree}: no patched repository; run scripts/apply-patches first")
-    upstream = _git(tree, "config", "vllm-overlay.upstream").strip()
-    tags = _git(tree, "tag", "--points-at", upstream).split()
-    version = _upstream_version(tree, upstream)
-    if f"upstream/{lock.version}" not in tags and version != lock.version:
+    try:
+        upstream, tags, version = export.base_release(tree)
+    except (export.ExportError, git.GitCommandError) as exc:
+        raise ImageError(str(exc)) from None
+    if not export.is_on_release(tags, version, lock.version):
         raise ImageError(
             f"{tree} was patched onto upstream {version or ', '.join(tags) or upstream[:12]}, but the image's base "
             f"carries the locked vllm {lock.version}; run scripts/apply-patches without --upstream"

@@ -95,8 +95,7 @@ def release_files(project: str, version: str) -> list[IndexFile]:
         if _release_of(entry.filename) == wanted
     ]
     if not files:
-        unreachable = getattr(listed, "unreachable", [])
-        also = f" (and could not read: {'; '.join(unreachable)})" if unreachable else ""
+        also = f" (and could not read: {'; '.join(listed.unreachable)})" if listed.unreachable else ""
         raise SourceError(f"the package index lists no files for {project} {version}{also}")
     return files
 
@@ -115,7 +114,7 @@ def _release_of(filename: str) -> tuple[str, Version] | None:
     return str(name), parsed
 
 
-def _project_files(project: str) -> list[indexes.IndexEntry]:
+def _project_files(project: str) -> indexes.ProjectFiles:
     try:
         return indexes.project_files(project)
     except indexes.IndexReadError as exc:
@@ -233,7 +232,7 @@ def _version_file_of_tree(tree: Path) -> str | None:
     return path.read_text(encoding="utf-8") if path.is_file() else None
 
 
-def _version_file_of_commit(repo: git.Repo, commit: str) -> str | None:
+def version_file_of_commit(repo: git.Repo, commit: str) -> str | None:
     try:
         return repo.git.show(f"{commit}:{VERSION_FILE}")
     except git.GitCommandError:
@@ -355,7 +354,7 @@ def _obtain_release(store: Store, lock: Lock, version: str, locked: bool) -> Ups
         commit = _import_release_archive(store, archive, tag)[0]
         marker.write_text(f"{sha256} {commit}\n")
         (store.downloads / f"{filename}.sha256").write_text(sha256 + "\n")
-    version_file = _version_file_of_commit(repo, commit)
+    version_file = version_file_of_commit(repo, commit)
     release_commit = version_field(version_file, COMMIT_ID_RE)
     if locked:
         check_provenance(lock, version_field(version_file, VERSION_RE_IN_FILE), release_commit)
@@ -422,7 +421,7 @@ def _obtain_git(store: Store, spec: str) -> Upstream:
     fetched = repo.git.rev_parse("FETCH_HEAD^{commit}")
     tag = f"upstream/git-{fetched[:12]}"
     repo.git.tag("--force", tag, fetched)
-    version = version_field(_version_file_of_commit(repo, fetched), VERSION_RE_IN_FILE)
+    version = version_field(version_file_of_commit(repo, fetched), VERSION_RE_IN_FILE)
     return Upstream(
         kind="git",
         label=f"git-{fetched[:12]}",
