@@ -18,7 +18,14 @@ import git
 
 from vllm_overlay import atomicfile, sources
 from vllm_overlay.apply import CONFIG_PARTIAL, CONFIG_UPSTREAM
-from vllm_overlay.series import PATCH_FILE_TRAILER, SERIES_FILE, SERIES_NAME_RE, read_series, render_series
+from vllm_overlay.series import (
+    PATCH_FILE_TRAILER,
+    SERIES_FILE,
+    SERIES_NAME_RE,
+    message_problem,
+    read_series,
+    render_series,
+)
 
 FORMAT_PATCH_OPTIONS = (
     "--stdout",
@@ -187,6 +194,9 @@ def export_commits(repo_dir: Path) -> list[ExportedPatch]:
         if problem:
             raise ExportError(f"commit {sha[:12]} ({repo.commit(sha).summary}) {problem}; nothing was written")
         message = repo.git.log("-1", "--format=%B", sha)
+        problem = message_problem(message.split("\n", 1)[1] if "\n" in message else "")
+        if problem:
+            raise ExportError(f"commit {sha[:12]} ({repo.commit(sha).summary}): {problem}; nothing was written")
         name = _trailer(message, PATCH_FILE_TRAILER)
         series = _trailer(message, "Series")
         if name is not None:
