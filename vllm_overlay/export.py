@@ -16,7 +16,7 @@ from pathlib import Path
 
 import git
 
-from vllm_overlay import atomicfile, sources
+from vllm_overlay import atomicfile, faults, interrupts, sources
 from vllm_overlay.apply import CONFIG_PARTIAL, CONFIG_UPSTREAM
 from vllm_overlay.series import (
     PATCH_FILE_TRAILER,
@@ -281,17 +281,25 @@ def differences(patches_dir: Path, wanted: dict[str, bytes]) -> list[str]:
 
 
 def write(patches_dir: Path, wanted: dict[str, bytes]) -> list[str]:
-    """Write the export; each file is replaced atomically. Returns the names that changed."""
+    """Write the export; returns the names that changed.
+
+    Each file is replaced atomically, and SIGINT/SIGTERM wait until every file is written (they
+    arrive after it): patches/ is the old series or the new one, never half of each. Call it inside
+    ``interrupts.deferred()`` to hold signals over what the caller writes with it (the Dockerfile).
+    """
     changed: list[str] = []
-    for name in stale_files(patches_dir, wanted):
-        (patches_dir / name).unlink(missing_ok=True)
-        changed.append(name)
-    for name, content in sorted(wanted.items()):
-        path = patches_dir / name
-        if path.exists() and path.read_bytes() == content:
-            continue
-        atomicfile.write_bytes(path, content)
-        changed.append(name)
+    with interrupts.deferred():
+        for name in stale_files(patches_dir, wanted):
+            (patches_dir / name).unlink(missing_ok=True)
+            changed.append(name)
+            faults.phase("export-wrote-one")
+        for name, content in sorted(wanted.items()):
+            path = patches_dir / name
+            if path.exists() and path.read_bytes() == content:
+                continue
+            atomicfile.write_bytes(path, content)
+            changed.append(name)
+            faults.phase("export-wrote-one")
     return changed
 
 
