@@ -159,7 +159,7 @@ def test_a_nested_repository_in_a_directory_upstream_is_refused_by_name(tmp_path
     nested.git.add("-A")
     nested.git.execute(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "vendored"])
     the_lock = lock.load(REPO_ROOT / "upstream.lock")
-    with pytest.raises(sources.SourceError, match="nested git repositories .* at third_party/lib"):
+    with pytest.raises(sources.SourceError, match=r"nested git repositories .* at third_party/lib"):
         sources.obtain(str(tree), the_lock, Store())
 
 
@@ -170,5 +170,5 @@ def test_a_git_upstream_with_a_submodule_is_refused_by_name(tmp_path, store_env)
     repo.git.update_index("--add", "--cacheinfo", f"160000,{'1' * 40},third_party/sub")
     repo.git.execute(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"])
     the_lock = lock.load(REPO_ROOT / "upstream.lock")
-    with pytest.raises(sources.SourceError, match="submodules.* at third_party/sub"):
+    with pytest.raises(sources.SourceError, match=r"submodules.* at third_party/sub"):
         sources.obtain(f"{tmp_path / 'gitsrc'}@{repo.head.commit.hexsha}", the_lock, Store())
