@@ -22,7 +22,22 @@ from vllm_overlay import cache, lock
 from vllm_overlay.store import Store
 
 OVERLAY = REPO_ROOT / "overlay"
-LOADER = "from vllm.plugins import load_general_plugins; load_general_plugins(); print('served')"
+# vLLM's own loader, twice in one process (one vLLM import): the intact overlay, then the status
+# package broken (its modules dropped from sys.modules, vLLM's once-per-process flag reset).
+LOADER = """
+import sys
+import vllm.plugins as plugins
+plugins.load_general_plugins()
+print("served intact")
+init = sys.argv[1]
+with open(init, "a") as handle:
+    handle.write("\\nraise ImportError('tampered')\\n")
+for name in [n for n in sys.modules if n.startswith("vllm_overlay_status")]:
+    del sys.modules[name]
+plugins.plugins_loaded = False
+plugins.load_general_plugins()
+print("served broken")
+"""
 
 
 def _test_env_python() -> Path:
@@ -50,16 +65,13 @@ def _serve(python: Path, site: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(site), PYTHONDONTWRITEBYTECODE="1")
     env.pop("VLLM_PLUGINS", None)
     env.pop("VLLM_OVERLAY_ALLOW_MISMATCH", None)
-    return subprocess.run([str(python), "-c", LOADER], env=env, capture_output=True, text=True, timeout=300)
+    init = site / "vllm_overlay_status" / "__init__.py"
+    return subprocess.run([str(python), "-c", LOADER, str(init)], env=env, capture_output=True, text=True, timeout=1800)
 
 
 def test_a_status_package_that_fails_to_import_stops_the_process(tmp_path):
     python = _test_env_python()
-    site = _overlay_site(tmp_path)
-    fine = _serve(python, site)
-    assert fine.returncode == 0 and "served" in fine.stdout, fine.stderr[-2000:]
-    init = site / "vllm_overlay_status" / "__init__.py"
-    init.write_text(init.read_text() + "\nraise ImportError('tampered')\n")
-    broken = _serve(python, site)
-    assert broken.returncode != 0 and "served" not in broken.stdout
-    assert "the status package cannot be imported (ImportError: tampered); refusing to start" in broken.stderr
+    done = _serve(python, _overlay_site(tmp_path))
+    assert "served intact" in done.stdout, done.stderr[-2000:]
+    assert done.returncode != 0 and "served broken" not in done.stdout
+    assert "the status package cannot be imported (ImportError: tampered); refusing to start" in done.stderr
