@@ -13,15 +13,17 @@ base are listed but never pruned here: they are small or shared across locks.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_overlay import envs
+from vllm_overlay import envs, output
 from vllm_overlay.lock import Lock
 from vllm_overlay.store import Store
 from vllm_overlay.testrun import verdict_store
 
+SCOPE_RE = re.compile(r"^[0-9A-Za-z_.-]+-r[0-9]+$")  # verdict_store.scope_name's shape
 CURRENT = "current"
 STALE = "stale"
 ORPHAN = "orphan"
@@ -94,7 +96,7 @@ def _verdict_entries(store: Store, key: str) -> list[Entry]:
     if root.is_dir():
         current = verdict_store.scope_name(key, Path())
         for path in sorted(root.iterdir()):
-            if path.is_dir():
+            if path.is_dir() and not path.is_symlink() and SCOPE_RE.match(path.name):  # only scopes the store made
                 status = CURRENT if path.name == current else STALE
                 found.append(Entry(path, "verdicts", status, disk_usage(path)))
     return found
@@ -127,10 +129,26 @@ def prune(store: Store, lock: Lock, dry_run: bool = False) -> list[Entry]:
             if entry.path.is_symlink():
                 target = entry.path.resolve()
                 entry.path.unlink()
-                if target != current:  # a stray link to the current environment goes, the environment stays
+                if target == current:  # a stray link to the current environment goes, the environment stays
+                    continue
+                if _built_here(store, target):
                     shutil.rmtree(target, ignore_errors=True)
+                else:
+                    output.warn(
+                        f"{entry.path} pointed at {target}, which this cache did not build: "
+                        "removed the link, left the directory as it was"
+                    )
             elif entry.path.is_dir():
                 shutil.rmtree(entry.path, ignore_errors=True)
             else:
                 entry.path.unlink(missing_ok=True)
     return removable
+
+
+def _built_here(store: Store, target: Path) -> bool:
+    """True for an environment directory this cache built: a hidden directory right in envs/.
+
+    A link in envs/ may point anywhere (made by hand, or the cache copied); only what the store's
+    own builds make (``envs/.<key>.<pid>-<time>``) is ever removed through it.
+    """
+    return target.parent == store.envs.resolve() and target.name.startswith(".") and not target.is_symlink()

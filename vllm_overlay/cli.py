@@ -7,7 +7,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from vllm_overlay import indexes, output, report
+from vllm_overlay import gitenv, indexes, output, report
 
 # verb -> (module under vllm_overlay.commands, one-line help)
 VERBS: dict[str, tuple[str, str]] = {
@@ -53,7 +53,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         indexes.set_override(args.index_url)
     try:
         report.check_destinations(**{name: getattr(args, name, None) for name in REPORT_OPTIONS})
-        return int(args._module.run(args))
+        with gitenv.isolated():  # the user's git configuration never changes what the tool builds
+            return int(args._module.run(args))
     except report.ReportPathError as exc:
         output.error(str(exc))
         return 2

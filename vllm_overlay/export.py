@@ -16,9 +16,16 @@ from pathlib import Path
 
 import git
 
-from vllm_overlay import atomicfile, sources
+from vllm_overlay import atomicfile, faults, interrupts, sources
 from vllm_overlay.apply import CONFIG_PARTIAL, CONFIG_UPSTREAM
-from vllm_overlay.series import PATCH_FILE_TRAILER, SERIES_FILE, SERIES_NAME_RE, read_series, render_series
+from vllm_overlay.series import (
+    PATCH_FILE_TRAILER,
+    SERIES_FILE,
+    SERIES_NAME_RE,
+    message_problem,
+    read_series,
+    render_series,
+)
 
 FORMAT_PATCH_OPTIONS = (
     "--stdout",
@@ -187,6 +194,9 @@ def export_commits(repo_dir: Path) -> list[ExportedPatch]:
         if problem:
             raise ExportError(f"commit {sha[:12]} ({repo.commit(sha).summary}) {problem}; nothing was written")
         message = repo.git.log("-1", "--format=%B", sha)
+        problem = message_problem(message.split("\n", 1)[1] if "\n" in message else "")
+        if problem:
+            raise ExportError(f"commit {sha[:12]} ({repo.commit(sha).summary}): {problem}; nothing was written")
         name = _trailer(message, PATCH_FILE_TRAILER)
         series = _trailer(message, "Series")
         if name is not None:
@@ -271,17 +281,25 @@ def differences(patches_dir: Path, wanted: dict[str, bytes]) -> list[str]:
 
 
 def write(patches_dir: Path, wanted: dict[str, bytes]) -> list[str]:
-    """Write the export; each file is replaced atomically. Returns the names that changed."""
+    """Write the export; returns the names that changed.
+
+    Each file is replaced atomically, and SIGINT/SIGTERM wait until every file is written (they
+    arrive after it): patches/ is the old series or the new one, never half of each. Call it inside
+    ``interrupts.deferred()`` to hold signals over what the caller writes with it (the Dockerfile).
+    """
     changed: list[str] = []
-    for name in stale_files(patches_dir, wanted):
-        (patches_dir / name).unlink(missing_ok=True)
-        changed.append(name)
-    for name, content in sorted(wanted.items()):
-        path = patches_dir / name
-        if path.exists() and path.read_bytes() == content:
-            continue
-        atomicfile.write_bytes(path, content)
-        changed.append(name)
+    with interrupts.deferred():
+        for name in stale_files(patches_dir, wanted):
+            (patches_dir / name).unlink(missing_ok=True)
+            changed.append(name)
+            faults.phase("export-wrote-one")
+        for name, content in sorted(wanted.items()):
+            path = patches_dir / name
+            if path.exists() and path.read_bytes() == content:
+                continue
+            atomicfile.write_bytes(path, content)
+            changed.append(name)
+            faults.phase("export-wrote-one")
     return changed
 
 

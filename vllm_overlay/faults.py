@@ -1,4 +1,5 @@
-"""Fault injection for the tests: ``VLLM_OVERLAY_KILL_AT=PHASE`` SIGKILLs the process at PHASE.
+"""Fault injection for the tests: ``VLLM_OVERLAY_KILL_AT=PHASE`` SIGKILLs the process at PHASE,
+``VLLM_OVERLAY_TERM_AT=PHASE`` sends it SIGTERM there (as a user's ``kill`` would).
 
 The engine calls ``phase(name)`` at the points where a kill could leave something behind
 (after the lock is taken, after the checkout, after a commit, around publishing), so a test can
@@ -12,8 +13,11 @@ import os
 import signal
 
 KILL_AT_ENV = "VLLM_OVERLAY_KILL_AT"
+TERM_AT_ENV = "VLLM_OVERLAY_TERM_AT"
 
 
 def phase(name: str) -> None:
     if os.environ.get(KILL_AT_ENV) == name:
         os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get(TERM_AT_ENV) == name:
+        os.kill(os.getpid(), signal.SIGTERM)

@@ -36,7 +36,7 @@ from pathlib import Path, PurePosixPath
 import git
 import unidiff
 
-from vllm_overlay import atomicfile, export, record, sbom
+from vllm_overlay import atomicfile, export, record, sbom, staging
 from vllm_overlay.lock import Lock
 from vllm_overlay.project import Project
 from vllm_overlay.series import PATCH_FILE_TRAILER, Patch, series_names
@@ -469,6 +469,9 @@ def revision(project: Project) -> str:
     return head + ("-dirty" if dirty else "")
 
 
+CONTEXT_NAMES = frozenset({"Dockerfile", "layers", "overlay"})  # what stage() writes in the build context
+
+
 def stage(
     project: Project,
     lock: Lock,
@@ -495,6 +498,10 @@ def stage(
         raise ImageError(f"{template_path}: not found")
     upstream_commit, paired = read_patched_repo(tree, patches, lock)
     epoch = source_date_epoch(patches) if epoch is None else epoch
+    try:  # replaced whole below: only a context an earlier stage wrote, never the user's directory
+        staging.check_tool_directory(dest, CONTEXT_NAMES)
+    except staging.OutputNotOurs as exc:
+        raise ImageError(str(exc)) from None
     work = dest.parent / f".{dest.name}.staging-{os.getpid()}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)

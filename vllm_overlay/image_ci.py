@@ -277,7 +277,7 @@ def run_checks(proj: project.Project, options: Options, build: Build) -> int:
                 "print([p.value for p in e(group='vllm.general_plugins')])",
             ],
         )
-        if "vllm_overlay_status.plugin:register" not in entry[1]:
+        if "vllm_overlay_status_gate:register" not in entry[1]:
             failures.append(f"plugin entry point not registered: {entry[1].strip()}")
         code, text = eng.run(TAG, ["python3", "-m", "vllm_overlay_status", "sbom"])
         sbom_problems = [f"exit {code}"] if code != 0 else sbom.problems(text, [p.name for p in patches])

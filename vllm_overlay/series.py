@@ -188,6 +188,45 @@ def parse_trailers(message: str) -> list[tuple[str, str]]:
     return pairs
 
 
+IN_BODY_HEADERS = ("from:", "subject:", "date:")
+
+
+def ends_git_message(line: str) -> bool:
+    """True for a line git mailinfo takes for the start of the diff (mailinfo.c patchbreak):
+    ``diff -``, ``Index: ``, ``--- NAME`` or ``---`` followed by nothing but blanks."""
+    if line.startswith(("diff -", "Index: ")):
+        return True
+    if not line.startswith("---") or len(line) < 4:
+        return line == "---"
+    if line[3] == " " and len(line) > 4 and not line[4].isspace():
+        return True
+    return line[3:].strip() == ""
+
+
+def message_problem(body: str) -> str | None:
+    """Why ``git am`` would read a commit message body otherwise than this tool (None: it reads it the same).
+
+    A line that ends git's message loses every line after it (the trailers with them); an in-body
+    ``From:``/``Subject:``/``Date:`` at the start of the body replaces the commit's author, subject
+    or date, while the report, manifest and SBOM read the mail's headers: one truth or none.
+    """
+    lines = body.split("\n")
+    first = next((line for line in lines if line.strip()), "")
+    if first.lower().startswith(IN_BODY_HEADERS):
+        return (
+            f"the message body starts with {first!r}: git am would take it as the commit's "
+            f"{first.split(':', 1)[0].lower()} instead of the mail's header; reword or indent that line"
+        )
+    for number, line in enumerate(lines, start=1):
+        if ends_git_message(line):
+            return (
+                f"message line {number} ({line!r}) would end the commit message for git am "
+                "(a line starting with '--- ', 'diff -' or 'Index: '): every line after it, the trailers "
+                "with them, would be lost; indent or reword it"
+            )
+    return None
+
+
 def as_git_am_reads(raw: bytes) -> bytes:
     """The mail as ``git am`` reads it, the bytes every step (parse, classify, commit) works on.
 
@@ -221,6 +260,9 @@ def parse_patch_bytes(raw: bytes, path: Path, name: str) -> Patch:
     body = mail.get_payload()
     if not isinstance(body, str):
         raise SeriesError(f"{name}: multipart message; expected a plain git-format-patch file")
+    problem = message_problem(body)
+    if problem:
+        raise SeriesError(f"{name}: {problem}")
     message = subject + "\n\n" + body.strip("\n") + "\n"
     try:
         diff = unidiff.PatchSet(text)

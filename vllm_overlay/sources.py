@@ -31,7 +31,7 @@ from packaging.utils import (
 from packaging.version import InvalidVersion, Version
 from tqdm import tqdm
 
-from vllm_overlay import atomicfile, indexes, output, safetar
+from vllm_overlay import atomicfile, indexes, objects, output, safetar
 from vllm_overlay.lock import Lock
 from vllm_overlay.store import UNPACK_PREFIX, Store
 
@@ -257,8 +257,10 @@ def import_tree(store: Store, tree: Path, tag: str, message: str) -> str:
     """Record ``tree`` (everything but .git) as a root commit tagged ``tag``; return its id.
 
     A private index file keeps the import independent of any repository state, and fixed
-    identity and dates make the commit id a function of the tree alone.
+    identity and dates make the commit id a function of the tree alone. A nested repository is
+    refused (git would record a gitlink and none of its files).
     """
+    refuse_nested_repositories(tree, str(tree))
     repo = _store_repo(store)
     with tempfile.TemporaryDirectory(prefix="vllm-overlay-index-") as tmp:
         env = dict(IMPORT_IDENTITY, GIT_INDEX_FILE=str(Path(tmp) / "index"), GIT_WORK_TREE=str(tree))
@@ -269,13 +271,93 @@ def import_tree(store: Store, tree: Path, tag: str, message: str) -> str:
     return commit
 
 
-def _import_release_archive(store: Store, archive: Path, tag: str) -> tuple[str, Path]:
-    # Unpacked inside the store (under its lock), so a killed import's tree is removed with the
-    # store's other leftovers rather than staying in /tmp.
+def _import_release_archive(store: Store, archive: Path, tag: str, sha256: str) -> objects.ImportRecord:
+    """Import a verified sdist with every object written anew, and record what proves it later.
+
+    Unpacked inside the store (under its lock), so a killed import's tree is removed with the
+    store's other leftovers rather than staying in /tmp.
+    """
+    repo = _store_repo(store)
     with tempfile.TemporaryDirectory(prefix=UNPACK_PREFIX, dir=store.root) as tmp:
         top = unpack_sdist(archive, Path(tmp))
-        commit = import_tree(store, top, tag, f"upstream: {archive.name}")
-        return commit, top
+        refuse_nested_repositories(top, archive.name)
+        content = objects.files_digest(top)
+        try:
+            commit = objects.import_fresh(store.upstreams_git, top, f"upstream: {archive.name}", IMPORT_IDENTITY)
+        except objects.TamperedObject as exc:
+            raise SourceError(str(exc)) from None
+    git_dir = store.upstreams_git
+    listed = [commit, _rev(repo, f"{commit}^{{tree}}")]
+    listed += [oid for _mode, kind, oid, _path in objects.tree_entries(git_dir, commit) if kind != "commit"]
+    if objects.packed_objects(git_dir).intersection(listed):
+        # git reads a packed object before the loose one just written: prove what it will read.
+        _rehash_or_refuse(store, tag, commit, content)
+    repo.git.tag("--force", tag, commit)
+    return objects.ImportRecord(
+        sha256=sha256,
+        commit=commit,
+        tree=listed[1],
+        content_sha256=content,
+        objects=listed,
+        fingerprint=objects.fingerprint(git_dir, listed),
+    )
+
+
+def _rev(repo: git.Repo, rev: str) -> str:
+    return repo.git.rev_parse("--verify", "--quiet", rev)
+
+
+def _rehash_or_refuse(store: Store, tag: str, commit: str, content: str) -> list[str]:
+    """Read and hash every object of ``commit``; refuse (naming the object) unless it is the sdist's content."""
+    repair = f"remove {store.upstreams_git} (the next run imports the verified sdist again)"
+    try:
+        actual, listed = objects.rehash(store.upstreams_git, commit)
+    except objects.TamperedObject as exc:
+        raise SourceError(f"the upstream cache's {tag} is not what was imported: {exc}; {repair}") from None
+    if actual != content:
+        raise SourceError(
+            f"the upstream cache's {tag} does not hold the sdist's files (their sha256 is {actual}, "
+            f"the import recorded {content}); {repair}"
+        )
+    return listed
+
+
+def verify_import(store: Store, tag: str, record: objects.ImportRecord) -> None:
+    """Prove the store's ``tag`` is still what was imported; cheap unless its object files changed.
+
+    The tag must name the recorded commit and the object files the recorded fingerprint; where the
+    files changed, every object is hashed again (vllm_overlay.objects) and the record renewed.
+    """
+    repo = _store_repo(store)
+    commit = _tag_commit(repo, tag)
+    if commit != record.commit:
+        raise SourceError(
+            f"the upstream cache's tag {tag} names {commit or 'nothing'}, not the imported {record.commit}; "
+            f"remove {store.upstreams_git} (the next run imports the verified sdist again)"
+        )
+    if objects.fingerprint(store.upstreams_git, record.objects) == record.fingerprint:
+        return
+    output.info(f"the upstream cache's object files of {tag} changed since they were checked: hashing them again")
+    listed = _rehash_or_refuse(store, tag, record.commit, record.content_sha256)
+    record.objects = listed
+    record.fingerprint = objects.fingerprint(store.upstreams_git, listed)
+
+
+def refuse_nested_repositories(tree: Path, what: str) -> None:
+    """Refuse a tree holding a nested git repository: git would import it as a gitlink, its files missing."""
+    nested = []
+    for root, dirs, files in os.walk(tree):
+        here = Path(root)
+        if here != tree and (".git" in dirs or ".git" in files):
+            nested.append(here.relative_to(tree).as_posix())
+            dirs[:] = []
+            continue
+        dirs[:] = [d for d in dirs if not (here == tree and d == ".git")]
+    if nested:
+        raise SourceError(
+            f"{what}: holds nested git repositories (their own .git) at {', '.join(sorted(nested))}: "
+            "git would record each as a gitlink and none of their files; refusing (remove or flatten them)"
+        )
 
 
 def parse_spec(spec: str | None) -> tuple[str, str]:
@@ -336,9 +418,9 @@ def _obtain_release(store: Store, lock: Lock, version: str, locked: bool) -> Ups
         sha256 = entry.sha256 if entry else _cached_sha(store, filename)
         url = entry.url if entry else None
     repo = _store_repo(store)
-    commit = _tag_commit(repo, tag)
     marker = store.downloads / f"{filename}.imported"
-    if commit is None or not marker.exists() or marker.read_text().strip() != f"{sha256} {commit}":
+    record = objects.ImportRecord.read(marker)
+    if record is None or record.sha256 != sha256 or _tag_commit(repo, tag) != record.commit:
         if not archive.exists() or sha256_file(archive) != sha256:
             if url is None:
                 entry = sdist_of(project, version)
@@ -351,9 +433,15 @@ def _obtain_release(store: Store, lock: Lock, version: str, locked: bool) -> Ups
             download(url, archive, sha256)
             (store.downloads / f"{filename}.url").write_text(output.redact_credentials(url) + "\n")
         output.info(f"importing {filename} into the upstream cache")
-        commit = _import_release_archive(store, archive, tag)[0]
-        marker.write_text(f"{sha256} {commit}\n")
+        record = _import_release_archive(store, archive, tag, sha256)
+        record.write(marker)
         (store.downloads / f"{filename}.sha256").write_text(sha256 + "\n")
+    else:
+        before = record.fingerprint
+        verify_import(store, tag, record)  # every run: the cache still holds what was imported
+        if record.fingerprint != before:
+            record.write(marker)
+    commit = record.commit
     version_file = version_file_of_commit(repo, commit)
     release_commit = version_field(version_file, COMMIT_ID_RE)
     if locked:
@@ -419,6 +507,13 @@ def _obtain_git(store: Store, spec: str) -> Upstream:
     except git.GitCommandError as exc:
         raise SourceError(f"cannot fetch {revision} from {repository}: {exc.stderr.strip()}") from exc
     fetched = repo.git.rev_parse("FETCH_HEAD^{commit}")
+    listing = repo.git.ls_tree("-r", fetched).splitlines()
+    gitlinks = [line.split("\t", 1)[1] for line in listing if line.startswith("160000 ")]
+    if gitlinks:
+        raise SourceError(
+            f"{spec}: holds nested repositories (submodules) at {', '.join(gitlinks)}: "
+            "their files are not in the commit; refusing (give a tree that holds them)"
+        )
     tag = f"upstream/git-{fetched[:12]}"
     repo.git.tag("--force", tag, fetched)
     version = version_field(version_file_of_commit(repo, fetched), VERSION_RE_IN_FILE)

@@ -28,6 +28,7 @@ import contextlib
 import ctypes
 import errno
 import fcntl
+import fnmatch
 import os
 import shutil
 from collections.abc import Callable, Iterator
@@ -94,6 +95,28 @@ def check_replaceable(output: Path) -> None:
         raise OutputNotOurs(output, f"cannot be read ({exc.strerror})") from None
     if not empty and not _published_by_tool(output):
         raise OutputNotOurs(output, "holds files")
+
+
+def check_tool_directory(path: Path, names: frozenset[str], patterns: tuple[str, ...] = ()) -> None:
+    """Raise OutputNotOurs unless ``path`` is absent, empty, or holds only what the tool writes there.
+
+    For the directories a command empties or replaces whole that are not git trees (the image's
+    build context, test-patches' work directory): ``names`` are the entries the tool makes in it,
+    ``patterns`` glob patterns of the same (a staging area's ``.NAME.staging-PID``). Anything else is
+    the user's: the command stops before touching it.
+    """
+    if not path.exists() and not path.is_symlink():
+        return
+    if path.is_symlink() or not path.is_dir():
+        raise OutputNotOurs(path, "is not a directory" if not path.is_symlink() else "is a symbolic link")
+    try:
+        entries = sorted(entry.name for entry in os.scandir(path))
+    except OSError as exc:
+        raise OutputNotOurs(path, f"cannot be read ({exc.strerror})") from None
+    foreign = [n for n in entries if n not in names and not any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+    if foreign:
+        more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+        raise OutputNotOurs(path, f"holds {', '.join(foreign[:3])}{more}")
 
 
 def mark_published(tree: Path) -> None:

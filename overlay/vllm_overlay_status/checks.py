@@ -2,14 +2,15 @@
 
 ``verify`` (full): the installed vllm is the manifest's upstream version; every file its RECORD lists
 and the overlay did not replace matches RECORD; every replaced or added file matches the manifest;
-no other file sits in the package; the overlay's own files match their RECORD; the bytecode of the
-replaced files was compiled from them. ``running`` (fast, for the plugin): the version and the
-replaced files only.
+no other file sits in the package; the overlay's own files match their RECORD; every cache file
+(.pyc) Python would run instead of a module's source holds the code of that source. ``running``
+(fast, for the plugin): the version and the replaced files only.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import marshal
 import os
 import py_compile
 import sys
@@ -92,6 +93,72 @@ def bytecode_problems(site_packages: Path, manifest: dict) -> list[str]:
     return problems
 
 
+def _optimization(cached: Path) -> int:
+    """The optimization level a cache file was compiled at: ``x.cpython-311.opt-1.pyc`` is 1."""
+    for level in (1, 2):
+        if f".opt-{level}." in cached.name:
+            return level
+    return 0
+
+
+def _python_would_load(header: bytes, source: Path) -> bool:
+    """True when this interpreter would run the cache file's code instead of compiling ``source``.
+
+    A timestamp pyc is run when its recorded mtime and size match the source's; a checked hash pyc
+    when its hash matches; an unchecked hash pyc always. None of them proves its code came from
+    the source: only compiling the source again does.
+    """
+    if len(header) < 16 or header[:4] != importlib.util.MAGIC_NUMBER:
+        return False  # another interpreter's format: never loaded by this one
+    flags = int.from_bytes(header[4:8], "little")
+    if flags & 0b1:
+        return not flags & 0b10 or header[8:16] == importlib.util.source_hash(source.read_bytes())
+    stat = source.stat()
+    mtime, size = int.from_bytes(header[8:12], "little"), int.from_bytes(header[12:16], "little")
+    return mtime == (int(stat.st_mtime) & 0xFFFFFFFF) and size == (stat.st_size & 0xFFFFFFFF)
+
+
+def unvouched_bytecode(site_packages: Path, manifest: dict) -> list[str]:
+    """Cache files (``__pycache__/*.pyc`` of this interpreter) Python would run that were not compiled
+    from their source: a forged pyc of any module, replaced by the series or not.
+
+    Each one Python would load is compared with the source compiled again (code objects compare by
+    their code, constants and names, not their file name). A pyc whose source is gone is never
+    loaded from ``__pycache__``; a sourceless ``.pyc`` beside the modules is reported by RECORD's
+    check (unrecorded).
+    """
+    tag = sys.implementation.cache_tag
+    if not tag:
+        return []
+    recorded = _record.recorded_files(site_packages, distribution(manifest))
+    tops = {rel.split("/", 1)[0] for rel in recorded if "/" in rel and not rel.split("/", 1)[0].endswith(".dist-info")}
+    tops |= {rel.split("/", 1)[0] for rel in replaced_files(manifest)} | {"vllm_overlay_status"}
+    problems = []
+    for top in sorted(t for t in tops if (site_packages / t).is_dir()):
+        for cached in sorted((site_packages / top).rglob(f"__pycache__/*.{tag}*.pyc")):
+            source = cached.parent.parent / (cached.name.split(".", 1)[0] + ".py")
+            if not source.is_file():
+                continue
+            data = cached.read_bytes()
+            rel = cached.relative_to(site_packages).as_posix()
+            if not _python_would_load(data[:16], source):
+                continue
+            try:
+                code = marshal.loads(data[16:])
+                expected = compile(
+                    source.read_bytes(), str(source), "exec", dont_inherit=True, optimize=_optimization(cached)
+                )
+            except (ValueError, EOFError, TypeError, SyntaxError) as exc:
+                problems.append(f"unverified-bytecode: {rel} (cannot be checked: {exc}); Python would run it")
+                continue
+            if code != expected:
+                problems.append(
+                    f"unverified-bytecode: {rel} holds other code than "
+                    f"{source.relative_to(site_packages).as_posix()}, and Python would run it"
+                )
+    return problems
+
+
 def overlay_problems(site_packages: Path, manifest: dict) -> list[str]:
     """The overlay's own files: this package against its RECORD, other overlay files against the manifest."""
     problems = []
@@ -116,6 +183,7 @@ def verify(site_packages: Path | str, manifest: dict, *, own: bool = True) -> li
         str(p) for p in _record.verify_distribution(site_packages, distribution(manifest), replaced_files(manifest))
     ]
     problems += bytecode_problems(site_packages, manifest)
+    problems += unvouched_bytecode(site_packages, manifest)
     if own:
         problems += overlay_problems(site_packages, manifest)
     return problems

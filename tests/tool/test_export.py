@@ -240,3 +240,30 @@ def test_export_of_an_only_tree_keeps_the_other_series_files(project, make_patch
     assert "removed" not in out.out and "beta" not in out.out
     names = [line for line in after["series"].decode().splitlines() if line and not line.startswith("#")]
     assert names == ["alpha/core-change-line-20.patch", "alpha/core-change-line-30.patch", "beta/b.patch"]
+
+
+def test_sigterm_during_export_leaves_nothing_half_written(project, make_patch, upstream_dir, store_env):
+    """SIGTERM arrives while patches/ is being rewritten: it waits until every file is written."""
+    from tests.tool.test_apply_faults import Forked
+    from vllm_overlay import faults
+
+    make_patch(upstream_dir, change_line_20, "core: change line 20")
+    make_patch(upstream_dir, lambda t: replace_line(t / "vllm" / "core.py", "line_5 = 5\n", "line_5 = 50\n"), "b")
+    assert run_apply(project, upstream_dir)[0] == 0
+    assert cli.main(["export-patches", "--allow-other-upstream", "--project", str(project)]) == 0
+    tree = project / "build" / "patched"
+    repo = git.Repo(tree)
+    with repo.git.custom_environment(**IDENTITY):  # reword both commits: two patch files change
+        repo.git.rebase("-q", "--exec", "git commit -q --amend -m \"$(git log -1 --format=%B | sed s/Why/Because/)\"",
+                        repo.git.config("vllm-overlay.upstream"))  # fmt: skip
+    before = snapshot(project / "patches")
+    process = Forked(
+        ["export-patches", "--allow-other-upstream", "--project", str(project)],
+        env={faults.TERM_AT_ENV: "export-wrote-one"},
+    )
+    code, err = process.wait()
+    assert code != 0 and "Traceback" not in err  # it was terminated, after the write
+    after = snapshot(project / "patches")
+    changed = {name for name in after if after[name] != before.get(name)}
+    assert len(changed) == 2, changed  # both patch files: all of the new series, not one of them
+    assert cli.main(["export-patches", "--allow-other-upstream", "--project", str(project), "--check"]) == 0

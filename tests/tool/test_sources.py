@@ -150,3 +150,25 @@ def test_a_ref_lock_a_killed_import_left_is_recovered(tmp_path, store_env):
     again = sources.obtain(str(upstream), the_lock, Store())
     assert again.commit != first.commit and not stale.exists()
     assert not (Store().upstreams_git / "packed-refs.lock").exists()
+
+
+def test_a_nested_repository_in_a_directory_upstream_is_refused_by_name(tmp_path, store_env):
+    """git would import a vendored checkout as a gitlink: its files silently missing from the tree."""
+    tree = write_upstream(tmp_path / "tree", extra={"third_party/lib/lib.py": "x = 1\n"})
+    nested = git.Repo.init(tree / "third_party" / "lib")
+    nested.git.add("-A")
+    nested.git.execute(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "vendored"])
+    the_lock = lock.load(REPO_ROOT / "upstream.lock")
+    with pytest.raises(sources.SourceError, match=r"nested git repositories .* at third_party/lib"):
+        sources.obtain(str(tree), the_lock, Store())
+
+
+def test_a_git_upstream_with_a_submodule_is_refused_by_name(tmp_path, store_env):
+    repo = git.Repo.init(tmp_path / "gitsrc")
+    write_upstream(tmp_path / "gitsrc")
+    repo.git.add("-A")
+    repo.git.update_index("--add", "--cacheinfo", f"160000,{'1' * 40},third_party/sub")
+    repo.git.execute(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"])
+    the_lock = lock.load(REPO_ROOT / "upstream.lock")
+    with pytest.raises(sources.SourceError, match=r"submodules.* at third_party/sub"):
+        sources.obtain(f"{tmp_path / 'gitsrc'}@{repo.head.commit.hexsha}", the_lock, Store())

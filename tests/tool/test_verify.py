@@ -194,3 +194,21 @@ def test_verify_checks_what_the_labels_state(site, tmp_path):
     assert "label sbom_sha256 says" in verify_expecting(truth).stderr
     unknown = verify_expecting({"series_sha": "x"})
     assert unknown.returncode == 1 and "--expect series_sha: unknown" in unknown.stderr
+
+
+def test_a_forged_pyc_of_a_module_the_series_does_not_replace_is_named(site):
+    """Python runs a timestamp pyc whose recorded mtime and size match the source, whatever it holds."""
+    source = site / "vllm/utils/math.py"
+    cached = Path(py_compile.compile(str(source)))  # what pip's install leaves: a timestamp pyc
+    assert check(site, manifest_for({})) == []
+    forged_code = compile("def cdiv(a, b):\n    return 0\n", str(source), "exec")
+    header = cached.read_bytes()[:16]
+    cached.write_bytes(header + __import__("marshal").dumps(forged_code))
+    problems = check(site, manifest_for({}))
+    assert problems == ["unverified-bytecode: vllm/utils/__pycache__/" + cached.name + " holds other code than "
+                        "vllm/utils/math.py, and Python would run it"]  # fmt: skip
+    # an unchecked hash pyc is never compared with its source by Python: the same forgery
+    unchecked = py_compile.compile(str(source), invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+    data = Path(unchecked).read_bytes()
+    Path(unchecked).write_bytes(data[:16] + __import__("marshal").dumps(forged_code))
+    assert any(p.startswith("unverified-bytecode: vllm/utils/__pycache__/") for p in check(site, manifest_for({})))

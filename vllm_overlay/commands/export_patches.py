@@ -24,7 +24,7 @@ import contextlib
 import sys
 from pathlib import Path
 
-from vllm_overlay import export, image, lock, output, project, series, staging
+from vllm_overlay import export, image, interrupts, lock, output, project, series, staging
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -82,8 +82,10 @@ def _export(args: argparse.Namespace, proj: project.Project, repo_dir: Path) -> 
         output.info(f"patches/ is up to date ({len(wanted) - 1} patches)")
         return 0
     removed = set(export.stale_files(proj.patches, wanted))
-    changed = export.write(proj.patches, wanted)
-    staging.mark_published(repo_dir)  # its work is in patches/ now: apply-patches may replace it
+    with interrupts.deferred():  # a signal arrives once patches/, the marker and the Dockerfile are written
+        changed = export.write(proj.patches, wanted)
+        staging.mark_published(repo_dir)  # its work is in patches/ now: apply-patches may replace it
+        refresh_dockerfile(proj)  # also when patches/ was already written by an earlier export
     for name in changed:
         output.result(f"{'removed' if name in removed else 'wrote'} patches/{name}")
     if partial:
@@ -93,7 +95,6 @@ def _export(args: argparse.Namespace, proj: project.Project, repo_dir: Path) -> 
         )
     else:
         output.info(f"{len(wanted) - 1} patches exported; {len(changed)} file(s) changed")
-    refresh_dockerfile(proj)  # also when patches/ was already written by an earlier export
     return 0
 
 

@@ -37,7 +37,21 @@ import subprocess
 import time
 from pathlib import Path
 
-from vllm_overlay import apply, envs, indexes, junit, lock, output, project, report, series, shadow, sources, testrun
+from vllm_overlay import (
+    apply,
+    envs,
+    indexes,
+    junit,
+    lock,
+    output,
+    project,
+    report,
+    series,
+    shadow,
+    sources,
+    staging,
+    testrun,
+)
 from vllm_overlay.store import Store
 
 
@@ -106,6 +120,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+# What a run writes in its work directory; a directory holding anything else is the user's.
+WORKDIR_NAMES = frozenset(
+    {".lock", ".patched.lock", "patched", "steps", "upstream-tests", "logs", "junit", "hypothesis"}
+)
+
+
 def run(args: argparse.Namespace) -> int:
     if args.jobs < 1 or args.timeout < 1 or args.run_timeout < 1:
         output.error("--jobs, --timeout and --run-timeout must be positive")
@@ -114,9 +134,10 @@ def run(args: argparse.Namespace) -> int:
     proj = project.from_args(args)
     workdir = (args.workdir or proj.build / "test-patches").resolve()
     try:
+        staging.check_tool_directory(workdir, WORKDIR_NAMES, (".patched.staging-*", ".patched.retired-*"))
         with testrun.workdir_lock(workdir):
             return _run(args, proj, workdir, started)
-    except RuntimeError as exc:
+    except (RuntimeError, staging.OutputNotOurs) as exc:
         output.error(str(exc))
         return 2
     except KeyboardInterrupt:

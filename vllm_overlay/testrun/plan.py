@@ -17,7 +17,7 @@ from pathlib import Path
 from vllm_overlay.testrun.execute import Config, Job
 from vllm_overlay.testrun.outcome import PatchOutcome, Unit
 from vllm_overlay.testrun.trees import Trees
-from vllm_overlay.testrun.verdict_store import VerdictStore, tests_digest, tool_digest
+from vllm_overlay.testrun.verdict_store import VerdictStore, machine_digest, tests_digest, tool_digest
 from vllm_overlay.testrun.verdicts import parse_specs, spec_file
 
 
@@ -57,10 +57,17 @@ class Planner:
         self.verdicts = verdicts
         self.config = config
         self._units: dict[str, Unit] = {}
+        self._machines: dict[Path, str] = {}
+
+    def _machine(self, python: Path) -> str:
+        """What the machine adds to the outcome (verdict_store.machine_digest), once per interpreter."""
+        if python not in self._machines:
+            self._machines[python] = machine_digest(python)
+        return self._machines[python]
 
     def unit(self, kind: str, step: int, specs: list[str], *parts: object) -> Unit:
         """The unit for ``specs`` on ``step``, its stored result looked up (one object per key)."""
-        what = {"kind": kind, "tree": self.trees.tree_id(step), "specs": specs}
+        what = {"kind": kind, "tree": self.trees.tree_id(step), "specs": specs, "machine": self._machine(self.python)}
         key = self.verdicts.key(what, self.config.per_test_timeout, *parts)
         if key not in self._units:
             self._units[key] = Unit(kind, step, specs, key, what, self.verdicts.load(key))
@@ -97,7 +104,12 @@ class Planner:
         if all_tests:
             plan.final = self.unit("final", last, all_tests, tests_digest(self.project_root, all_tests))
         if self.config.tool_tests and self.tool_python and (self.project_root / "tests" / "tool").is_dir():
-            what = {"kind": "tool", "python": str(self.tool_python), "files": tool_digest(self.project_root)}
+            what = {
+                "kind": "tool",
+                "python": str(self.tool_python),
+                "files": tool_digest(self.project_root),
+                "machine": self._machine(self.tool_python),
+            }
             key = self.verdicts.key(what)
             plan.tool = Unit("tool", last, ["tests/tool"], key, what, self.verdicts.load(key))
         self._jobs(plan)

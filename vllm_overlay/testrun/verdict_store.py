@@ -9,30 +9,83 @@ name: the same inputs give the same verdict, so a stored key reuses it without s
 (the idea of git-test, which skips trees already tested; Bazel's action cache keys on input
 digests the same way).
 
+What the machine adds is in the key too: the environment variables a test run can read that
+change outcomes (``MACHINE_VARIABLES``) and the distributions installed in the interpreter that
+runs the tests (``installed_digest``: a tool installed or not, editable or not, a package added
+to a given environment), so a failure the machine caused is never served to another machine state.
+
 Entries live in ``<cache>/verdicts/<environment key>-r<runner version>/``; a new environment or
 runner version starts an empty scope, and ``scripts/cache --prune`` removes the other scopes.
-Writes are atomic (a reader never sees half an entry) and taken under the cache's lock.
+Writes are atomic (a reader never sees half an entry) and taken under the cache's lock. Every
+entry names the key it answers and carries an HMAC made with the cache's own secret
+(``verdicts/.secret``, made on first use, readable by its owner only): a file under another key's
+name, or one the store did not write (copied in, edited, forged), is ignored with a warning that
+says which, and its tests run again.
 """
 
 from __future__ import annotations
 
 import ast
 import hashlib
+import hmac
 import json
 import os
 import subprocess
 import tomllib
 from pathlib import Path
 
+from vllm_overlay import atomicfile, output
 from vllm_overlay.store import Store
 from vllm_overlay.testrun.verdicts import Result, spec_file
 
-RUNNER_VERSION = 2  # bump when a change alters what a stored result means
+RUNNER_VERSION = 3  # bump when a change alters what a stored result means (3: signed entries)
 SKIP_PARTS = {"__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache", ".hypothesis"}
 # Tool tests read the library, the scripts, the overlay and the project's own data; not the
 # patch regression tests, the benchmarks or the prose.
 TOOL_EXCLUDED = ("tests/patches/", "tests/upstream/", "benchmarks/", "build/")
 CACHEABLE_EXITS = (0, 1, 4, 5)
+SECRET_NAME = ".secret"
+# Variables a test run inherits that change what tests do (the rest, such as PATH or TERM, name
+# where things are, not what they decide).
+MACHINE_PREFIXES = ("VLLM_", "PYTEST", "PYTHON", "HF_", "TRANSFORMERS_", "TORCH", "CUDA_", "GIT_", "LC_")
+MACHINE_VARIABLES = ("LANG", "LANGUAGE", "TZ", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "HOME", "XDG_CACHE_HOME")
+
+
+def machine_digest(python: Path, environ: dict[str, str] | None = None) -> str:
+    """What the machine adds to a run's outcome: the relevant variables and what ``python`` has installed."""
+    environ = dict(os.environ if environ is None else environ)
+    chosen = {k: v for k, v in environ.items() if k.startswith(MACHINE_PREFIXES) or k in MACHINE_VARIABLES}
+    return hashlib.sha256(json.dumps([sorted(chosen.items()), installed_digest(python)]).encode()).hexdigest()
+
+
+def installed_digest(python: Path) -> str:
+    """The distributions installed beside ``python``: their dist-info names, direct_url.json and .pth files.
+
+    Read from the directories (no process started): an editable install, a tool installed or not,
+    a package added or upgraded all change it.
+    """
+    prefix = Path(python).parent.parent
+    digest = hashlib.sha256(str(Path(python)).encode())
+    for site in sorted([*prefix.glob("lib/python*/site-packages"), *prefix.glob("lib64/python*/site-packages")]):
+        try:
+            names = sorted(os.listdir(site))
+        except OSError:
+            continue
+        for name in names:
+            if name.endswith((".dist-info", ".egg-info", ".egg-link", ".pth")):
+                digest.update(name.encode() + b"\0")
+            if name.endswith(".pth") or name.endswith(".egg-link"):
+                digest.update(_read(site / name))
+            elif name.endswith(".dist-info"):
+                digest.update(_read(site / name / "direct_url.json"))
+    return digest.hexdigest()
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b"<absent>"
 
 
 def scope_name(env_key: str | None, env_python: Path) -> str:
@@ -170,13 +223,59 @@ class VerdictStore:
     def path(self, key: str) -> Path:
         return self.root / key[:2] / f"{key}.json"
 
+    def _secret(self) -> bytes:
+        """The cache's own key for signing entries (made under the store's lock on first use)."""
+        path = self.root.parent / SECRET_NAME
+        try:
+            return path.read_bytes()
+        except FileNotFoundError:
+            pass
+        with self.store.exclusive():
+            if not path.exists():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd, tmp = atomicfile.create_temp(path.parent, ".secret.", ".tmp")
+                try:
+                    os.fchmod(fd, 0o600)
+                    os.write(fd, os.urandom(32))
+                    os.close(fd)
+                    os.replace(tmp, path)
+                finally:
+                    tmp.unlink(missing_ok=True)
+        return path.read_bytes()
+
+    def _mac(self, key: str, what: object, result: object) -> str:
+        body = json.dumps([key, what, result], sort_keys=True).encode()
+        return hmac.new(self._secret(), body, hashlib.sha256).hexdigest()
+
     def load(self, key: str) -> Result | None:
+        """The stored result for ``key``, or None: absent, or refused (a warning says why: its tests run again)."""
         if not self.enabled:
             return None
+        path = self.path(key)
         try:
-            data = json.loads(self.path(key).read_text(encoding="utf-8"))
-            return Result.from_json(data["result"]) if data.get("key") == key else None
-        except (OSError, ValueError, KeyError, TypeError):
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            output.warn(f"verdict store: ignored {path}: it cannot be read ({exc}); its tests run again")
+            return None
+        if not isinstance(data, dict) or data.get("key") != key:
+            answers = data.get("key") if isinstance(data, dict) else None
+            output.warn(
+                f"verdict store: ignored {path}: it answers key {answers!r}, not {key} its name gives; "
+                "its tests run again"
+            )
+            return None
+        if not hmac.compare_digest(str(data.get("mac", "")), self._mac(key, data.get("what"), data.get("result"))):
+            output.warn(
+                f"verdict store: ignored {path}: this cache's store did not write it (its HMAC does not match "
+                f"{self.root.parent / SECRET_NAME}); its tests run again"
+            )
+            return None
+        try:
+            return Result.from_json(data["result"])
+        except (KeyError, TypeError, ValueError) as exc:
+            output.warn(f"verdict store: ignored {path}: its result cannot be read ({exc}); its tests run again")
             return None
 
     def save(self, key: str, result: Result, what: dict[str, object]) -> bool:
@@ -184,7 +283,8 @@ class VerdictStore:
         if result.timed_out or result.exit_code not in CACHEABLE_EXITS:
             return False
         path = self.path(key)
-        data = {"key": key, "what": what, "result": result.to_json()}
+        stored = result.to_json()
+        data = {"key": key, "what": what, "result": stored, "mac": self._mac(key, what, stored)}
         with self.store.exclusive():
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f".{path.name}.{os.getpid()}")

@@ -1,0 +1,112 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Patches whose meaning git reads otherwise than the tool: refused clearly, or round-tripped exactly."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import git
+import pytest
+
+from tests.tool.conftest import IDENTITY, TRAILERS, write_upstream
+from tests.tool.conftest import git as git_
+from tests.tool.test_apply import change_line_20, run_apply
+from tests.tool.test_export import snapshot
+from vllm_overlay import cli, paths, series
+
+RENAME_PATCH = """From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001
+From: test <test@example.invalid>
+Date: Sun, 29 Nov 2026 00:00:00 +0000
+Subject: [PATCH] move core
+
+Why.
+
+Series: demo
+---
+diff --git a/vllm/core.py b/vllm/core.py
+similarity index 100%
+rename from vllm/core.py
+rename to {target}
+"""
+
+
+def test_a_rename_to_another_path_than_the_header_is_refused():
+    """git writes the ``rename to`` path, whatever the header and unidiff say."""
+    for target, why in (("vllm/elsewhere.py", "its header names 'vllm/elsewhere.py'"), ("../outside.py", "'..'")):
+        patch = series.parse_patch_bytes(RENAME_PATCH.format(target=target).encode(), Path("x"), "demo/x.patch")
+        found = paths.problems(patch)
+        assert any(why in problem for problem in found), found
+
+
+def test_retargeting_an_existing_symlink_is_refused(tmp_path, project, store_env, capsys):
+    """``index A..B 120000`` and no mode line: the link's target changes; the image would ship it as a file."""
+    upstream = write_upstream(tmp_path / "up")
+    os.symlink("core.py", upstream / "vllm" / "alias.py")
+    work = tmp_path / "work"
+    shutil.copytree(upstream, work, symlinks=True)
+    git_(work, "init", "-q")
+    git_(work, "add", "-A")
+    git_(work, "commit", "-qm", "upstream")
+    (work / "vllm" / "alias.py").unlink()
+    os.symlink("_version.py", work / "vllm" / "alias.py")
+    subject = "Retarget the alias"
+    git_(work, "commit", "-qam", f"{subject}\n\nWhy.\n\n" + TRAILERS.format(subject=subject, series="demo"))
+    text = git_(work, "format-patch", "--zero-commit", "--no-signature", "--full-index", "-1", "--stdout")
+    assert "index " in text and " 120000\n" in text and "mode 120000" not in text
+    (project / "patches" / "demo").mkdir()
+    (project / "patches" / "demo" / "retarget.patch").write_text(text)
+    (project / "patches" / "series").write_text("demo/retarget.patch\n")
+    capsys.readouterr()
+    code = cli.main(["apply-patches", "--project", str(project), "--upstream", str(upstream)])
+    assert code == 2
+    assert "vllm/alias.py" in capsys.readouterr().err
+    assert not (project / "build" / "patched").exists()
+
+
+def _edit_message(patch_file: Path, old: str, new: str) -> None:
+    text = patch_file.read_text()
+    assert old in text
+    patch_file.write_text(text.replace(old, new, 1))
+
+
+@pytest.mark.parametrize(
+    ("line", "why"),
+    [
+        ("--- the old layout, for reference", "would end the commit message"),
+        ("From: Someone Else <else@example.invalid>", "would take it as the commit's from"),
+        ("Subject: another subject", "would take it as the commit's subject"),
+    ],
+)
+def test_a_message_git_am_reads_otherwise_is_refused_at_apply(
+    line, why, project, make_patch, upstream_dir, store_env, capsys
+):
+    path = make_patch(upstream_dir, change_line_20, "core: change line 20")
+    _edit_message(path, "\nWhy and how.\n", f"\n{line}\nWhy and how.\n")
+    capsys.readouterr()
+    code = cli.main(["apply-patches", "--project", str(project), "--upstream", str(upstream_dir)])
+    assert code == 2
+    assert why in capsys.readouterr().err
+    assert not (project / "build" / "patched").exists()
+
+
+@pytest.mark.parametrize(
+    ("line", "why"),
+    [("--- see the old layout", "would end the commit message"), ("From: Mallory <m@example.invalid>", "from")],
+)
+def test_a_commit_message_git_am_would_read_otherwise_is_not_exported(
+    line, why, project, make_patch, upstream_dir, store_env, capsys
+):
+    make_patch(upstream_dir, change_line_20, "core: change line 20")
+    assert run_apply(project, upstream_dir)[0] == 0
+    repo = git.Repo(project / "build" / "patched")
+    message = repo.head.commit.message.replace("\nWhy and how.\n", f"\n{line}\nWhy and how.\n", 1)
+    with repo.git.custom_environment(**IDENTITY):
+        repo.git.commit("--amend", "-q", "-m", message)
+    before = snapshot(project / "patches")
+    capsys.readouterr()
+    assert cli.main(["export-patches", "--allow-other-upstream", "--project", str(project)]) == 2
+    assert why in capsys.readouterr().err
+    assert snapshot(project / "patches") == before

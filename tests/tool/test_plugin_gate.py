@@ -1,0 +1,77 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""The overlay's vLLM plugin fails closed, proven through vLLM's own plugin loader.
+
+The loader is vllm.plugins.load_general_plugins of the locked release, run by the cached test
+environment's interpreter (the only place vLLM is installed); without that environment the test is
+skipped. vLLM's import costs a few seconds, once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.tool.conftest import REPO_ROOT
+from vllm_overlay import cache, lock
+from vllm_overlay.store import Store
+
+OVERLAY = REPO_ROOT / "overlay"
+# vLLM's own loader, twice in one process (one vLLM import): the intact overlay, then the status
+# package broken (its modules dropped from sys.modules, vLLM's once-per-process flag reset).
+LOADER = """
+import sys
+import vllm.plugins as plugins
+plugins.load_general_plugins()
+print("served intact")
+init = sys.argv[1]
+with open(init, "a") as handle:
+    handle.write("\\nraise ImportError('tampered')\\n")
+for name in [n for n in sys.modules if n.startswith("vllm_overlay_status")]:
+    del sys.modules[name]
+plugins.plugins_loaded = False
+plugins.load_general_plugins()
+print("served broken")
+"""
+
+
+def _test_env_python() -> Path:
+    the_lock = lock.load(REPO_ROOT / "upstream.lock")
+    root = os.environ.get("VLLM_OVERLAY_TEST_STORE") or os.path.expanduser("~/.cache/vllm-overlay")
+    python = Store(Path(root)).envs / cache.current_key(the_lock) / "bin" / "python"
+    if not python.exists():
+        pytest.skip(f"no test environment at {python.parent.parent} (scripts/test-patches builds it)")
+    return python
+
+
+def _overlay_site(tmp_path: Path) -> Path:
+    """The overlay layer as the image lays it beside vllm: the package, the gate, the dist-info, a manifest."""
+    site = tmp_path / "overlay-site"
+    shutil.copytree(OVERLAY, site, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO_ROOT / "vllm_overlay" / "record.py", site / "vllm_overlay_status" / "_record.py")
+    the_lock = lock.load(REPO_ROOT / "upstream.lock")
+    manifest = {"format": 1, "upstream": {"project": "vllm", "version": the_lock.version, "commit": the_lock.commit},
+                "series_sha256": "", "series": [], "files": {}, "overlay_files": {}, "unshipped": []}  # fmt: skip
+    (site / "vllm_overlay_status" / "manifest.json").write_text(json.dumps(manifest))
+    return site
+
+
+def _serve(python: Path, site: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(site), PYTHONDONTWRITEBYTECODE="1")
+    env.pop("VLLM_PLUGINS", None)
+    env.pop("VLLM_OVERLAY_ALLOW_MISMATCH", None)
+    init = site / "vllm_overlay_status" / "__init__.py"
+    return subprocess.run([str(python), "-c", LOADER, str(init)], env=env, capture_output=True, text=True, timeout=1800)
+
+
+def test_a_status_package_that_fails_to_import_stops_the_process(tmp_path):
+    python = _test_env_python()
+    done = _serve(python, _overlay_site(tmp_path))
+    assert "served intact" in done.stdout, done.stderr[-2000:]
+    assert done.returncode != 0 and "served broken" not in done.stdout
+    assert "the status package cannot be imported (ImportError: tampered); refusing to start" in done.stderr

@@ -1,0 +1,134 @@
+"""The environment every git process of the tool runs in: the user's git configuration has no say.
+
+``core.autocrlf``, ``apply.whitespace=fix``, ``trailer.*``, ``core.hooksPath``, ``gc.auto`` and the
+like in ~/.gitconfig or /etc/gitconfig, and ``GIT_*`` variables in the environment (``GIT_DIR``,
+``GIT_INDEX_FILE``, ``GIT_OBJECT_DIRECTORY``, ``GIT_CONFIG_PARAMETERS`` ...), would change the tree
+an import, ``git apply``, ``git am`` or a commit makes, run the user's hooks, or leave a detached
+``git gc --auto`` repacking a tree after the run ended. So the global and system files are not
+read, every ``GIT_*`` variable but those that only say how to reach a remote is dropped, replace
+refs are ignored, and the settings below are given at command-line level, above any repository's
+own config. The user's name and e-mail are kept (commits the tool makes in the user's repository
+stay theirs); they never change a tree.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+from collections.abc import Iterator, Mapping
+
+# Variables that only say how to reach a remote or talk to the user; kept.
+KEPT = (
+    "GIT_SSH",
+    "GIT_SSH_COMMAND",
+    "GIT_SSH_VARIANT",
+    "GIT_ASKPASS",
+    "GIT_TERMINAL_PROMPT",
+    "GIT_SSL_NO_VERIFY",
+    "GIT_SSL_CAINFO",
+    "GIT_SSL_CAPATH",
+    "GIT_PROXY_COMMAND",
+    "GIT_HTTP_USER_AGENT",
+    "GIT_PYTHON_GIT_EXECUTABLE",
+    "GIT_PYTHON_REFRESH",
+    "GIT_PYTHON_TRACE",
+)
+# Given at command-line level (GIT_CONFIG_COUNT): they win over every configuration file. Mostly
+# git's own defaults, pinned; hooks, attributes and automatic gc/maintenance switched off.
+SETTINGS = (
+    ("core.autocrlf", "false"),
+    ("core.filemode", "true"),
+    ("core.symlinks", "true"),
+    ("core.ignorecase", "false"),
+    ("core.hooksPath", os.devnull),
+    ("core.attributesFile", os.devnull),
+    ("core.excludesFile", os.devnull),
+    ("core.fsmonitor", "false"),
+    ("core.commentChar", "#"),
+    ("apply.whitespace", "warn"),
+    ("apply.ignoreWhitespace", "no"),
+    ("am.keepcr", "false"),
+    ("am.threeWay", "false"),
+    ("am.messageid", "false"),
+    ("mailinfo.scissors", "false"),
+    ("commit.gpgSign", "false"),
+    ("commit.cleanup", "default"),
+    ("tag.gpgSign", "false"),
+    ("format.signOff", "false"),
+    ("diff.noprefix", "false"),
+    ("diff.mnemonicPrefix", "false"),
+    ("i18n.commitEncoding", "UTF-8"),
+    ("gc.auto", "0"),
+    ("gc.autoDetach", "false"),
+    ("maintenance.auto", "false"),
+    ("fetch.writeCommitGraph", "false"),
+    ("init.defaultBranch", "main"),
+    ("advice.detachedHead", "false"),
+    ("submodule.recurse", "false"),
+    ("trailer.ifexists", "addIfDifferentNeighbor"),
+    ("trailer.ifmissing", "add"),
+    ("trailer.where", "end"),
+    ("trailer.separators", ":"),
+)
+_IDENTITY_KEYS = ("user.name", "user.email")
+
+
+def _user_identity(environ: Mapping[str, str]) -> list[tuple[str, str]]:
+    """The user's name and e-mail from their own configuration (read once, before it is hidden)."""
+    found = []
+    for key in _IDENTITY_KEYS:
+        try:
+            done = subprocess.run(
+                ["git", "config", "--global", "--get", key],
+                capture_output=True,
+                text=True,
+                env={k: v for k, v in environ.items() if not k.startswith("GIT_CONFIG")},
+                timeout=10,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if done.returncode == 0 and done.stdout.strip():
+            found.append((key, done.stdout.strip()))
+    return found
+
+
+_identity_cache: dict[str, list[tuple[str, str]]] = {}
+
+
+def environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``base`` (default: this process's environment) as every git process of the tool sees it."""
+    base = dict(os.environ if base is None else base)
+    home = base.get("HOME", "")
+    if home not in _identity_cache:
+        _identity_cache[home] = _user_identity(base)
+    settings = [*SETTINGS, *_identity_cache[home]]
+    env = {k: v for k, v in base.items() if not k.startswith("GIT_") or k in KEPT}
+    env.update(
+        GIT_CONFIG_NOSYSTEM="1",
+        GIT_CONFIG_GLOBAL=os.devnull,
+        GIT_NO_REPLACE_OBJECTS="1",
+        GIT_CONFIG_COUNT=str(len(settings)),
+    )
+    for index, (key, value) in enumerate(settings):
+        env[f"GIT_CONFIG_KEY_{index}"] = key
+        env[f"GIT_CONFIG_VALUE_{index}"] = value
+    return env
+
+
+@contextlib.contextmanager
+def isolated() -> Iterator[None]:
+    """Run the block with this process's environment isolated for git (restored afterwards).
+
+    GitPython reads ``os.environ`` at every call, so every git process the block starts (through
+    GitPython or subprocess, and the processes those start) runs isolated.
+    """
+    saved = dict(os.environ)
+    env = environment(saved)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
