@@ -103,7 +103,7 @@ ARG OVERLAY_UPSTREAM_COMMIT="g4ba787ec9"
 ARG OVERLAY_SERIES_SHA256="882b215a0f3b007710b634f55f860b4179231a295222c6ab6003f5077c5da2f5"
 ARG OVERLAY_SERIES="loader-layouts,route-sanitization,workspace-reuse,moe-backend-fallback,byte-accounting,queue-event-ownership"
 ARG OVERLAY_MANIFEST_SHA256="119a36a65ce31716b2da939529708c7cf694d4f118113664cdb43fdf6c64a976"
-ARG OVERLAY_SBOM_SHA256="d2377f0bf913ee2f7b924748b54df7af3f661f56cb90826e8eae6437b2adf67f"
+ARG OVERLAY_SBOM_SHA256="0810e1f7c5a0cc1cb5908c3a95a03b3e10a480d75a98e3f9ce31040778cded0a"
 # <<< provenance defaults <<<
 # Last step: the image is what the manifest says and the labels say what the image carries, or the
 # build fails. Writes nothing.
