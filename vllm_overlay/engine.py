@@ -2,7 +2,13 @@
 
 buildah and podman honour their usual environment (STORAGE_DRIVER, BUILDAH_ISOLATION, ...);
 buildah builds with ``--isolation chroot`` unless BUILDAH_ISOLATION says otherwise (it works as root
-on machines without a container runtime).
+on machines without a container runtime). docker talks to the daemon DOCKER_HOST names.
+
+Some machines need engine flags to run a container at all: Debian's podman 4.3 fails with its
+default runtime ("cgroups in hybrid mode not supported") and needs ``--runtime runc`` and ulimits
+runc accepts (``--ulimit nofile=1024:1024 --ulimit nproc=4096:4096``). :class:`Options` carries
+them, and each engine gets them where its command line takes them (podman's ``--runtime`` is a
+global flag, docker's a ``run`` flag; docker's builder picks no runtime).
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ import json
 import os
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ENGINES = ("docker", "podman", "buildah")
@@ -27,17 +33,41 @@ def _run(argv: list[str], *, stream: bool = False) -> subprocess.CompletedProces
     return subprocess.run(argv, capture_output=True, text=True, check=False)
 
 
+@dataclass(frozen=True)
+class Options:
+    """Engine flags for builds and runs (build-image's --runtime, --ulimit, --network)."""
+
+    runtime: str | None = None  # OCI runtime: podman (global flag) and docker run; buildah: its --runtime
+    ulimits: tuple[str, ...] = ()  # TYPE=SOFT:HARD, to every build and run
+    network: str | None = None  # network mode of builds' RUN steps and of runs (e.g. none, host)
+
+
 @dataclass
 class Engine:
     name: str
     exe: str
+    options: Options = field(default_factory=Options)
 
     @property
     def is_buildah(self) -> bool:
         return self.name == "buildah"
 
     def _cmd(self, *args: str) -> list[str]:
+        if self.name == "podman" and self.options.runtime:
+            return [self.exe, "--runtime", self.options.runtime, *args]
         return [self.exe, *args]
+
+    def _flags(self, verb: str) -> list[str]:
+        """The options' flags for ``verb`` (build or run) of this engine."""
+        flags = []
+        if self.options.runtime and ((verb == "run" and self.name == "docker") or self.name == "buildah"):
+            flags += ["--runtime", self.options.runtime]
+        for limit in self.options.ulimits:
+            if verb == "build" or not self.is_buildah:  # buildah run takes no --ulimit
+                flags += ["--ulimit", limit]
+        if self.options.network:
+            flags += ["--network", self.options.network]
+        return flags
 
     def image_exists(self, ref: str) -> bool:
         if self.is_buildah:
@@ -51,7 +81,7 @@ class Engine:
     def build(
         self, context: Path, tags: list[str], build_args: dict[str, str], epoch: int, *, no_cache: bool = False
     ) -> int:
-        argv = self._cmd("build", "-f", str(context / "Dockerfile"))
+        argv = self._cmd("build", "-f", str(context / "Dockerfile"), *self._flags("build"))
         if no_cache:
             argv.append("--no-cache")
         for tag in tags:
@@ -71,13 +101,15 @@ class Engine:
             ]
         elif self.name == "podman":
             argv += ["--layers", "--force-rm", "--timestamp", str(epoch)]
+        else:  # docker's builder takes no timestamp: its layers carry build times (README, Container image)
+            argv.append("--force-rm")
         argv.append(str(context))
         return _run(argv, stream=True).returncode
 
     def run(self, ref: str, argv: list[str]) -> tuple[int, str]:
         """Run ``argv`` (entrypoint overridden) in a throwaway container of ``ref``; (exit code, output)."""
         if not self.is_buildah:
-            result = _run(self._cmd("run", "--rm", "--entrypoint", argv[0], ref, *argv[1:]))
+            result = _run(self._cmd("run", "--rm", *self._flags("run"), "--entrypoint", argv[0], ref, *argv[1:]))
             return result.returncode, result.stdout + result.stderr
         made = _run(self._cmd("from", "--pull=never", ref))
         if made.returncode != 0:
@@ -85,7 +117,7 @@ class Engine:
         container = made.stdout.strip().splitlines()[-1]
         try:
             isolation = os.environ.get("BUILDAH_ISOLATION", "chroot")
-            result = _run(self._cmd("run", "--isolation", isolation, container, "--", *argv))
+            result = _run(self._cmd("run", "--isolation", isolation, *self._flags("run"), container, "--", *argv))
             return result.returncode, result.stdout + result.stderr
         finally:
             _run(self._cmd("rm", container))
@@ -149,7 +181,7 @@ def _docker_usable(exe: str) -> bool:
     return _run([exe, "version", "--format", "{{.Server.Version}}"]).returncode == 0
 
 
-def find_engine(choice: str = "auto") -> Engine:
+def find_engine(choice: str = "auto", options: Options | None = None) -> Engine:
     """The engine to build with: ``choice`` if given, else the first of docker, podman, buildah that works."""
     names = ENGINES if choice == "auto" else (choice,)
     missing = []
@@ -161,6 +193,6 @@ def find_engine(choice: str = "auto") -> Engine:
         if name == "docker" and not _docker_usable(exe):
             missing.append("docker: installed, but no Docker daemon answers")
             continue
-        return Engine(name, exe)
+        return Engine(name, exe, options or Options())
     hint = "install one (Debian: apt-get install buildah) or pick one with --engine"
     raise EngineError("no container engine to build with (" + "; ".join(missing) + f"); {hint}")

@@ -23,6 +23,13 @@ stand-in is made). Then:
      IMAGE_USER=vllm: the image keeps that user, workdir and entrypoint, and the entrypoint
      wrapper, run as vllm, reaches a verify that passes.
 
+  7. every other engine installed (docker, podman; --engines names those required, or none): checks
+     1-4 (and with --root-build 5) with build-image --engine ENGINE on the same stand-ins. podman
+     (buildah's library, run with --runtime runc and runc's ulimits: its default runtime fails on
+     these machines) must give buildah's layer digests; Docker's classic builder stamps build times
+     into its layers, so its digests are reported, not required. Docker runs as a daemon of the
+     check's own (vllm_overlay.dockerd), the stand-ins loaded from archives (docker load).
+
 Last, no build of the run (check 3's failing one included) may leave a working container behind.
 
 buildah runs with its own storage under the store (CONTAINERS_STORAGE_CONF), driver --storage-driver
@@ -35,14 +42,17 @@ Exit codes (run_checks): 0 every check passed; 1 a check failed; 2 usage, input 
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_overlay import engine, envs, image, indexes, lock, output, project, sbom, series
+from vllm_overlay import dockerd, engine, envs, image, indexes, lock, output, project, sbom, series
 from vllm_overlay.standins import (
     NONROOT_ENTRYPOINT,
     NONROOT_HOME,
@@ -65,6 +75,7 @@ TAG = "localhost/vllm-overlay-ci:latest"
 ROOT_TAG = "localhost/vllm-overlay-ci:root-build"
 NONROOT_TAG = "localhost/vllm-overlay-ci:nonroot"
 TAMPER_LINE = "# tampered by ci-image\n"
+BASE_DIGEST_LABEL = "org.opencontainers.image.base.digest"
 
 
 def use_storage(store_root: Path, driver: str) -> None:
@@ -183,6 +194,187 @@ class RootBuild:
 
 
 @dataclass
+class BuildahResult:
+    """What check 7 compares each other engine with: buildah's build of the same inputs."""
+
+    base: str
+    site: str
+    layers: list[str]  # added layer digests of build-image's image
+    labels: dict[str, str]
+    root: RootBuild | None  # check 5's context, with --root-build
+
+
+def standin_archive(buildah: engine.Engine, ref: str, store_root: Path) -> Path:
+    """``ref`` from buildah's storage as a docker-archive, made once per image id (pushing straight to
+    the daemon fails: "writing blob: io: read/write on closed pipe")."""
+    image_id = buildah.inspect(ref)["FromImageID"]
+    archive = store_root / "ci" / "archives" / f"{image_id[:24]}.tar"
+    if not archive.exists():
+        archive.parent.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        partial = archive.with_suffix(f".partial-{os.getpid()}")
+        try:
+            sh(buildah.exe, "push", "-q", ref, f"docker-archive:{partial}:{ref}")
+            os.replace(partial, archive)
+        finally:
+            partial.unlink(missing_ok=True)
+        output.info(f"      {ref} exported for docker load in {time.monotonic() - started:.0f} s: {archive}")
+    return archive
+
+
+def load_into(docker: engine.Engine, buildah: engine.Engine, ref: str, store_root: Path) -> str:
+    """Make ``ref`` present in the daemon with buildah's layers (docker load of its archive); what was done."""
+    if docker.image_exists(ref) and docker.diff_ids(ref) == buildah.diff_ids(ref):
+        return "present"
+    archive = standin_archive(buildah, ref, store_root)
+    started = time.monotonic()
+    sh(docker.exe, "load", "-q", "-i", str(archive))
+    if docker.diff_ids(ref) != buildah.diff_ids(ref):
+        raise engine.EngineError(f"docker load of {archive}: {ref} has other layers than buildah's")
+    return f"loaded in {time.monotonic() - started:.0f} s"
+
+
+def _docker_containers(eng: engine.Engine) -> set[str]:
+    return set(sh(eng.exe, "ps", "-aq", "--no-trunc").split())
+
+
+def _changed(first: list[str], second: list[str]) -> int:
+    return sum(a != b for a, b in zip(first, second, strict=False)) + abs(len(first) - len(second))
+
+
+def engine_checks(
+    proj: project.Project,
+    the_lock: lock.Lock,
+    patches: list,
+    eng: engine.Engine,
+    build: Build,
+    buildah: BuildahResult,
+    store: Store,
+    failures: list[str],
+    figures: list[str],
+) -> None:
+    """Check 7 with docker or podman: the checks 1-5 make with buildah, on this engine.
+
+    podman builds with buildah's own library: its layers must be buildah's, digest for digest.
+    Docker's builder stamps build times into its layers (no SOURCE_DATE_EPOCH): its digests are
+    reported, compared with buildah's and with its own rebuild, and must give a verified image.
+    """
+    name = eng.name
+    tag = f"localhost/vllm-overlay-ci:{name}"
+    bh = engine.find_engine("buildah")
+    made: list[str] = [tag]
+    before = _docker_containers(eng) if name == "docker" else set()
+    try:
+        if name == "docker":
+            version = sh(eng.exe, "version", "--format", "{{.Client.Version}} / daemon {{.Server.Version}}")
+            figures.append(f"docker: CLI {version}, the check's own daemon (loopback only)")
+            for ref in [buildah.base, *([buildah.root.tool] if buildah.root else [])]:
+                figures.append(f"docker: stand-in {ref} {load_into(eng, bh, ref, store.root)}")
+        started = time.monotonic()
+        if build(buildah.base, buildah.site, "--no-cache", tag=tag, engine=engine_argv(name)) != 0:
+            failures.append(f"{name}: build-image --engine {name} (build and in-image verify) failed")
+            return
+        seconds = time.monotonic() - started
+        base_layers = len(eng.diff_ids(buildah.base))
+        first = eng.diff_ids(tag)[base_layers:]
+        if build(buildah.base, buildah.site, "--no-cache", tag=tag, engine=engine_argv(name)) != 0:
+            failures.append(f"{name}: the --no-cache rebuild failed")
+            return
+        second = eng.diff_ids(tag)[base_layers:]
+        equal = sum(a == b for a, b in zip(first, buildah.layers, strict=False))
+        line = (
+            f"{name}: build-image --engine {name} built and verified in {seconds:.0f} s; {len(first)} added layers "
+            f"({equal} of them equal to buildah's {len(buildah.layers)}); a --no-cache rebuild changed "
+            f"{_changed(first, second)}"
+        )
+        if name == "podman" and (first != buildah.layers or second != first):
+            failures.append(line + ": podman must give buildah's layers, reproducibly")
+        else:
+            figures.append(line)
+        labels = eng.labels(tag)
+        differing = sorted(k for k in set(labels) | set(buildah.labels) if labels.get(k) != buildah.labels.get(k))
+        # The base's manifest digest is what the engine knows of it: Docker keeps none for a loaded
+        # image (no RepoDigests), so build-image leaves the label as the lock has it (empty here).
+        unknown_digest = name == "docker" and not eng.digest(buildah.base)
+        if unknown_digest and differing == [BASE_DIGEST_LABEL]:
+            figures.append(
+                f"{name}: the {len(labels)} labels equal buildah's image's, but {BASE_DIGEST_LABEL} "
+                f"({labels.get(BASE_DIGEST_LABEL)!r}: docker keeps no manifest digest of a loaded image)"
+            )
+        elif differing:
+            failures.append(f"{name}: labels differ from buildah's image: {', '.join(differing)}")
+        else:
+            figures.append(f"{name}: the {len(labels)} labels equal buildah's image's")
+
+        runs = {"status": ["python3", "-m", "vllm_overlay_status", "status"]}
+        runs["verify"] = ["python3", "-m", "vllm_overlay_status", "verify"]
+        runs["plugin"] = ["python3", "-c", "from vllm_overlay_status.plugin import register; register()"]
+        ran = []
+        for what, argv in runs.items():
+            code, text = eng.run(tag, argv)
+            if code != 0:
+                failures.append(f"{name} run {what} in the image (exit {code}): {text.strip()[-300:]}")
+            else:
+                ran.append(what)
+        code, text = eng.run(tag, ["python3", "-m", "vllm_overlay_status", "sbom"])
+        sbom_problems = [f"exit {code}"] if code != 0 else sbom.problems(text, [p.name for p in patches])
+        if sbom_problems:
+            failures.append(f"{name} run sbom: " + "; ".join(sbom_problems))
+        else:
+            ran.append("sbom (valid, the series' patches)")
+        figures.append(f"{name} run in the built image: {', '.join(ran) or 'nothing passed'}")
+
+        with tempfile.TemporaryDirectory(prefix=".ci-image-tamper-", dir=proj.build) as scratch:
+            staging = image.stage(proj, the_lock, patches, base_image=buildah.base, dest=Path(scratch) / "image")
+            victim = next(
+                (staging.root / "layers" / layer.layer / f.path for layer in staging.layers[::-1] for f in layer.files),
+                staging.root / "overlay" / "vllm_overlay_status" / "plugin.py",
+            )
+            with open(victim, "a") as handle:
+                handle.write(TAMPER_LINE)
+            made.append(f"{tag}-tampered-layer")
+            args_build = {**staging.build_args, "VLLM_SITE_PACKAGES": buildah.site}
+            if eng.build(staging.root, [made[-1]], args_build, staging.source_date_epoch) == 0:
+                failures.append(f"{name}: tampered {victim.relative_to(staging.root)} but the build passed")
+            else:
+                figures.append(f"{name}: a tampered layer file failed the build")
+
+        if buildah.root is not None:
+            made.append(f"{tag}-root-build")
+            host = dataclasses.replace(eng, options=dataclasses.replace(eng.options, network="host"))
+            started = time.monotonic()
+            root_args = root_build_args(buildah.root)
+            if host.build(proj.root, [made[-1]], root_args, buildah.root.epoch, no_cache=True) != 0:
+                failures.append(f"{name}: the project's Dockerfile (docker build .) did not build")
+            else:
+                seconds = time.monotonic() - started
+                added = eng.diff_ids(made[-1])[base_layers:]
+                root_labels = eng.labels(made[-1])
+                same_labels = root_labels == buildah.root.labels
+                line = (
+                    f"{name}: docker build . built in {seconds:.0f} s (in-image verify included); {len(added)} added "
+                    f"layers, {_changed(added, first)} differ from build-image's on {name}, "
+                    f"{_changed(added, buildah.root.layers)} from buildah's"
+                )
+                if not same_labels:
+                    failures.append(f"{name}: docker build . labels differ from buildah's build-image image")
+                if name == "podman" and added != buildah.root.layers:
+                    failures.append(line + ": podman must give buildah's layers")
+                else:
+                    figures.append(line + ("; labels equal" if same_labels else ""))
+    finally:
+        for ref in made:
+            subprocess.run([eng.exe, "rmi", "-f", ref], capture_output=True, check=False)
+        if name == "docker":
+            left = sorted(_docker_containers(eng) - before)
+            for container in left:
+                subprocess.run([eng.exe, "rm", "-f", container], capture_output=True, check=False)
+            if left:
+                failures.append(f"docker: {len(left)} container(s) left by the checks (removed): {', '.join(left)}")
+            subprocess.run([eng.exe, "image", "prune", "-f"], capture_output=True, check=False)
+
+
+@dataclass
 class Options:
     python: str | None = None  # interpreter whose installed vllm is the pristine source
     storage_driver: str = "overlay"
@@ -191,10 +383,64 @@ class Options:
     mirror: str | None = None  # None: the machine's own apt sources
     rebuild_base: bool = False
     root_build: bool = False  # checks 5 and 6: the project's Dockerfile, and a non-root base
+    engines: str = "auto"  # check 7: docker, podman (comma-separated, each required), none, or auto
 
 
-# build(base, site, *extra build-image arguments, tag=TAG) -> exit code of scripts/build-image
+# build(base, site, *extra build-image arguments, tag=TAG, engine=(build-image's engine arguments))
+#   -> exit code of scripts/build-image
 Build = Callable[..., int]
+
+# Check 7's engines and the flags they need here (engine.Options says why podman needs them).
+# Containers get loopback only; the root build's first stage reaches the package index on the host's network.
+OTHER_ENGINES = ("docker", "podman")
+ENGINE_OPTIONS = {
+    "docker": engine.Options(network="none"),
+    "podman": engine.Options(runtime="runc", ulimits=("nofile=1024:1024", "nproc=4096:4096"), network="none"),
+}
+INSTALL_HINT = {"docker": "apt-get install docker.io", "podman": "apt-get install podman"}
+
+
+def engine_argv(name: str) -> tuple[str, ...]:
+    """build-image's arguments for ``name`` with ENGINE_OPTIONS."""
+    options = ENGINE_OPTIONS[name]
+    argv = ["--engine", name]
+    if options.runtime:
+        argv += ["--runtime", options.runtime]
+    for limit in options.ulimits:
+        argv += ["--ulimit", limit]
+    if options.network:
+        argv += ["--network", options.network]
+    return tuple(argv)
+
+
+def other_engines(choice: str) -> tuple[list[str], list[str]]:
+    """(engines to check beside buildah, lines naming those not checked and why)."""
+    if choice == "none":
+        return [], [f"{name}: not checked (--engines none)" for name in OTHER_ENGINES]
+    if choice != "auto":
+        wanted = [name.strip() for name in choice.split(",") if name.strip()]
+        unknown = [name for name in wanted if name not in OTHER_ENGINES]
+        if unknown:
+            known = ", ".join(OTHER_ENGINES)
+            raise engine.EngineError(f"--engines: unknown {', '.join(unknown)} (choose from {known})")
+        missing = [name for name in wanted if not _installed(name)]
+        if missing:
+            raise engine.EngineError(
+                "--engines asks for "
+                + ", ".join(f"{name} (not installed; Debian: {INSTALL_HINT[name]})" for name in missing)
+            )
+        return wanted, []
+    present = [name for name in OTHER_ENGINES if _installed(name)]
+    absent = [
+        f"{name}: not installed here, not checked (Debian: {INSTALL_HINT[name]})"
+        for name in OTHER_ENGINES
+        if name not in present
+    ]
+    return present, absent
+
+
+def _installed(name: str) -> bool:
+    return shutil.which(name) is not None and (name != "docker" or shutil.which("dockerd") is not None)
 
 
 def run_checks(proj: project.Project, options: Options, build: Build) -> int:
@@ -210,6 +456,9 @@ def run_checks(proj: project.Project, options: Options, build: Build) -> int:
         store = Store()
         use_storage(store.root, args.storage_driver)
         eng = engine.find_engine("buildah")
+        engines, not_checked = other_engines(args.engines)
+        figures += not_checked
+        root_context: RootBuild | None = None
         containers_before = set(sh(eng.exe, "containers", "-q").split())
         ref = STANDIN.format(version=the_lock.version)
         output.info(f"== stand-in base {ref} (storage: {args.storage_driver})")
@@ -326,6 +575,7 @@ def run_checks(proj: project.Project, options: Options, build: Build) -> int:
                 make_tool_standin(eng, tool, rootfs, machine_ca_bundle())
                 figures.append(f"tool stand-in {tool} created in {time.monotonic() - started:.0f} s")
             context = RootBuild(ref, tool, site, staging.source_date_epoch, second, eng.labels(TAG))
+            root_context = context
             root_build_checks(proj, eng, context, failures, figures)
 
             output.info("== 6. over a non-root base (vLLM's vllm-openai-nonroot target) with IMAGE_USER=vllm")
@@ -338,6 +588,25 @@ def run_checks(proj: project.Project, options: Options, build: Build) -> int:
                 failures.append("docker build . over the non-root stand-in failed (see the build output above)")
             else:
                 nonroot_checks(eng, NONROOT_TAG, failures, figures)
+
+        for name in engines:
+            output.info(f"== 7. {name}: build-image --engine {name}, runs in the image, tamper test, docker build .")
+            context = BuildahResult(ref, site, first, eng.labels(TAG), root_context)
+            started = time.monotonic()
+            other = engine.Engine(name, shutil.which(name) or name, ENGINE_OPTIONS[name])
+            if name == "docker":
+                with dockerd.running(store, shutil.which("dockerd") or "dockerd", other.exe):
+                    engine_checks(proj, the_lock, patches, other, build, context, store, failures, figures)
+            else:
+                # buildah's chroot isolation (BUILDAH_ISOLATION, for check 1-6) is not podman's: it runs containers
+                # with its OCI runtime.
+                isolation = os.environ.pop("BUILDAH_ISOLATION", None)
+                try:
+                    engine_checks(proj, the_lock, patches, other, build, context, store, failures, figures)
+                finally:
+                    if isolation is not None:
+                        os.environ["BUILDAH_ISOLATION"] = isolation
+            figures.append(f"{name}: its checks took {time.monotonic() - started:.0f} s")
 
         # A build that fails (check 3's, by design) must not leave its working container, which
         # holds a mounted copy of the base in the store, behind: every CI run would add one.

@@ -43,6 +43,12 @@ from vllm_overlay.series import Patch
 FILENAME = "sbom.cdx.json"
 SERIES_PROPERTY = "vllm-overlay:series"
 SCHEMA = SchemaVersion.V1_6
+# What a reader of the pedigree must know: its patches are a set, their apply order is the property.
+PEDIGREE_NOTES = (
+    "patched by vllm-overlay: one pedigree patch per entry of patches/series. CycloneDX keeps pedigree "
+    f"patches as a set, so their order here is not the apply order: the {SERIES_PROPERTY} property of "
+    "this component lists the patches (the id each one resolves) in the order they are applied"
+)
 # The namespace of the derived serial numbers (uuid5 of the series sha256 and the lock).
 _NAMESPACE = uuid.UUID("5f0c1a52-4c7e-5e2a-9a57-6f7665726c61")
 
@@ -76,7 +82,7 @@ def build(
         pedigree=Pedigree(
             commits=[Commit(uid=lock.commit.removeprefix("g"), message=f"{lock.project} {lock.version} release")],
             patches=[_pedigree_patch(patch) for patch in patches],
-            notes="patched by vllm-overlay: one pedigree patch per entry of patches/series, in that order",
+            notes=PEDIGREE_NOTES,
         ),
     )
     status = Component(

@@ -365,3 +365,125 @@ def test_unusual_file_names_and_a_mode_only_change_stage(image_project, make_pat
     manifest = json.loads((staging.root / "overlay/vllm_overlay_status/manifest.json").read_text())
     assert {"vllm/with space.py", "vllm/café.py"} <= set(manifest["files"])
     assert (staging.root / "layers" / "01-alpha" / "vllm" / "café.py").read_text() == "ACCENTED = 1\n"
+
+
+# --- engines: the flags each one gets, check 7's engine choice, the check's own Docker daemon -----------
+
+
+def _argv_of(monkeypatch, eng, call):
+    """The command lines ``call(eng)`` would run (nothing runs)."""
+    from vllm_overlay import engine
+
+    seen: list[list[str]] = []
+
+    class Done:
+        returncode, stdout, stderr = 0, "", ""
+
+    def fake_run(argv, **_kwargs):
+        seen.append(list(argv))
+        return Done()
+
+    monkeypatch.setattr(engine, "_run", fake_run)
+    call(eng)
+    return seen
+
+
+def test_podman_gets_its_runtime_as_a_global_flag_and_ulimits_on_build_and_run(monkeypatch, tmp_path):
+    """Debian's podman 4.3 runs nothing with its default runtime: build-image --engine podman must pass them."""
+    from vllm_overlay import engine
+
+    options = engine.Options(runtime="runc", ulimits=("nofile=1024:1024", "nproc=4096:4096"), network="none")
+    podman = engine.Engine("podman", "/usr/bin/podman", options)
+    (build,) = _argv_of(monkeypatch, podman, lambda e: e.build(tmp_path, ["t"], {}, 0))
+    (run,) = _argv_of(monkeypatch, podman, lambda e: e.run("t", ["python3", "-V"]))
+    limits = ["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=4096:4096", "--network", "none"]
+    for argv, verb in ((build, "build"), (run, "run")):
+        assert argv[:4] == ["/usr/bin/podman", "--runtime", "runc", verb]
+        at = argv.index(limits[0])
+        assert argv[at : at + len(limits)] == limits
+    docker = engine.Engine("docker", "docker", options)
+    (build,) = _argv_of(monkeypatch, docker, lambda e: e.build(tmp_path, ["t"], {}, 0))
+    (run,) = _argv_of(monkeypatch, docker, lambda e: e.run("t", ["python3"]))
+    assert "--runtime" not in build and "--force-rm" in build  # docker build picks no runtime
+    assert run[:4] == ["docker", "run", "--rm", "--runtime"] and "nproc=4096:4096" in run
+
+
+def test_build_image_passes_the_engine_flags(image_project, upstream_dir, store_env, monkeypatch):
+    from vllm_overlay import engine
+
+    apply_no_patches(image_project, upstream_dir)
+    found: list[engine.Options] = []
+
+    def fake_find(choice, options=None):
+        found.append(options)
+        raise engine.EngineError("stop here")
+
+    monkeypatch.setattr(engine, "find_engine", fake_find)
+    argv = ["build-image", "--project", str(image_project), "--engine", "podman", "--runtime", "runc"]
+    assert cli.main([*argv, "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=4096:4096"]) == 2
+    assert found == [engine.Options(runtime="runc", ulimits=("nofile=1024:1024", "nproc=4096:4096"))]
+
+
+def test_check_7_takes_every_engine_present_and_names_the_others(monkeypatch):
+    from vllm_overlay import engine, image_ci
+
+    installed = {"podman"}
+    monkeypatch.setattr(image_ci.shutil, "which", lambda name: f"/usr/bin/{name}" if name in installed else None)
+    present, absent = image_ci.other_engines("auto")
+    assert present == ["podman"] and len(absent) == 1 and "docker: not installed" in absent[0]
+    with pytest.raises(engine.EngineError, match="docker"):
+        image_ci.other_engines("docker,podman")  # asked for: required
+    installed |= {"docker"}  # the CLI alone is not an engine: the check starts its own dockerd
+    assert image_ci.other_engines("auto")[0] == ["podman"]
+    installed |= {"dockerd"}
+    assert image_ci.other_engines("auto") == (["docker", "podman"], [])
+    assert image_ci.other_engines("none")[0] == []
+    assert "--runtime" in image_ci.engine_argv("podman") and "--runtime" not in image_ci.engine_argv("docker")
+
+
+FAKE_DOCKERD = """#!{python}
+import sys, time
+from pathlib import Path
+Path(sys.argv[sys.argv.index("--pidfile") + 1]).write_text(str(__import__("os").getpid()))
+time.sleep(300)
+"""
+
+
+def test_the_checks_docker_daemon_is_stopped_by_its_pid_and_a_leftover_one_too(tmp_path):
+    """A stand-in dockerd (sleeps; writes its pid file as dockerd does): started, answered, stopped by its pid."""
+    import os
+    import subprocess
+    import sys
+
+    from vllm_overlay import dockerd
+
+    fake = tmp_path / "bin" / "dockerd"
+    fake.parent.mkdir()
+    fake.write_text(FAKE_DOCKERD.format(python=sys.executable))
+    fake.chmod(0o755)
+    client = tmp_path / "bin" / "docker"  # answers once the daemon wrote its pid file
+    client.write_text(f"#!/bin/sh\ntest -s {tmp_path / 'run' / 'docker.pid'}\n")
+    client.chmod(0o755)
+    store = Store(tmp_path / "store")
+    daemon = dockerd.Daemon(store, run_dir=tmp_path / "run")
+    daemon.start(str(fake), str(client))
+    pid = daemon.process.pid
+    assert dockerd._alive(pid) and daemon._ours(pid)
+    daemon.stop()
+    assert not dockerd._alive(pid) and daemon.process is None
+
+    # A daemon a killed check left: found by the pid file, stopped by that pid; another process is left alone.
+    argv = [str(fake), "--data-root", str(daemon.data_root), "--pidfile", str(daemon.pidfile)]
+    left = subprocess.Popen(argv)
+    try:
+        for _ in range(100):
+            if daemon.pidfile.exists() and daemon.pidfile.read_text() == str(left.pid):
+                break
+            __import__("time").sleep(0.1)
+        assert dockerd.Daemon(store, run_dir=tmp_path / "other").stop_leftover() is None
+        assert dockerd.Daemon(store, run_dir=tmp_path / "run").stop_leftover() == left.pid
+        assert left.wait(timeout=30) is not None
+    finally:
+        if left.poll() is None:
+            os.kill(left.pid, 9)
+            left.wait()

@@ -41,6 +41,17 @@ def test_sbom_of_the_real_series_is_valid_and_lists_every_patch():
     assert any(c["name"] == "vllm-overlay-status" for c in data["components"])
 
 
+def test_the_pedigree_note_says_where_the_order_is_and_claims_none_of_the_list():
+    """CycloneDX (and the library) keep pedigree patches as a set: the note must not call the list ordered."""
+    the_lock, patches = _real_inputs()
+    (vllm,) = [c for c in json.loads(_render(the_lock, patches))["components"] if c["name"] == "vllm"]
+    listed = [entry["resolves"][0]["id"] for entry in vllm["pedigree"]["patches"]]
+    assert sorted(listed) == sorted(p.name for p in patches)
+    assert listed != [p.name for p in patches]  # the real series is not in the library's order: the case at issue
+    notes = vllm["pedigree"]["notes"]
+    assert "in that order" not in notes and "not the apply order" in notes and sbom.SERIES_PROPERTY in notes
+
+
 def test_sbom_is_reproducible():
     the_lock, patches = _real_inputs()
     assert _render(the_lock, patches) == _render(the_lock, patches)

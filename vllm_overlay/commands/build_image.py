@@ -14,6 +14,9 @@ the same as the staged one) carries the series block and the provenance ARG defa
 
 Exit codes: 0 built and verified; 1 the build or the in-image verify failed, or --check-dockerfile
 found ./Dockerfile stale; 2 usage, input or engine error.
+
+Engine flags a machine needs go with --runtime, --ulimit and --network (Debian's podman 4.3:
+--engine podman --runtime runc --ulimit nofile=1024:1024 --ulimit nproc=4096:4096).
 """
 
 from __future__ import annotations
@@ -27,6 +30,23 @@ from vllm_overlay import engine, image, lock, output, project, series
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     project.add_project_argument(parser)
     parser.add_argument("--engine", choices=("auto", *engine.ENGINES), default="auto", help="default: first that works")
+    parser.add_argument(
+        "--runtime",
+        default=None,
+        metavar="NAME",
+        help="OCI runtime for the build and the in-image verify (podman's global --runtime, docker run's and "
+        "buildah's --runtime), e.g. runc where podman's default fails",
+    )
+    parser.add_argument(
+        "--ulimit",
+        action="append",
+        default=[],
+        metavar="TYPE=SOFT:HARD",
+        help="ulimit for the build's RUN steps and the verify run (repeatable), e.g. nofile=1024:1024",
+    )
+    parser.add_argument(
+        "--network", default=None, metavar="MODE", help="network mode of the RUN steps and the verify run (e.g. none)"
+    )
     parser.add_argument(
         "--base", default=None, help="base image (default: upstream.lock [base-image], by digest if locked)"
     )
@@ -116,7 +136,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     try:
-        eng = engine.find_engine(args.engine)
+        options = engine.Options(runtime=args.runtime, ulimits=tuple(args.ulimit), network=args.network)
+        eng = engine.find_engine(args.engine, options)
         say(f"engine: {eng.name} ({eng.exe})")
         base = staging.build_args["BASE_IMAGE"]
         if not eng.image_exists(base):

@@ -6,6 +6,7 @@ Its help text is that module's docstring (what the check builds and proves), kep
 from __future__ import annotations
 
 import argparse
+import os
 
 from vllm_overlay import image_ci, project
 from vllm_overlay.commands import build_image
@@ -37,6 +38,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--rebuild-base", action="store_true", help="make the stand-in bases again")
     parser.add_argument(
+        "--engines",
+        default=os.environ.get("VLLM_OVERLAY_CI_ENGINES", "auto"),
+        help="engines to check beside buildah, comma-separated (docker, podman), each required; 'none' for "
+        "buildah alone (default $VLLM_OVERLAY_CI_ENGINES, else auto: every one installed, the others named as "
+        "not checked; .ci/run requires docker,podman)",
+    )
+    parser.add_argument(
         "--root-build",
         action="store_true",
         help="also checks 5 and 6: build the project's Dockerfile as `docker build .` does (digests and labels "
@@ -47,8 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     proj = project.from_args(args)
 
-    def build(base: str, site: str, *extra: str, tag: str = image_ci.TAG) -> int:
-        argv = ["--project", str(proj.root), "--engine", "buildah", "--base", base, "--no-pull", "--tag", tag]
+    def build(base: str, site: str, *extra: str, tag: str = image_ci.TAG, engine: tuple[str, ...] = ()) -> int:
+        engine = engine or ("--engine", "buildah")
+        argv = ["--project", str(proj.root), *engine, "--base", base, "--no-pull", "--tag", tag]
         argv += ["--build-arg", f"VLLM_SITE_PACKAGES={site}", *extra]
         parser = argparse.ArgumentParser()
         build_image.add_arguments(parser)
@@ -62,5 +71,6 @@ def run(args: argparse.Namespace) -> int:
         mirror=args.mirror,
         rebuild_base=args.rebuild_base,
         root_build=args.root_build,
+        engines=args.engines,
     )
     return image_ci.run_checks(proj, options, build)
