@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from vllm_overlay import atomicfile, output
-from vllm_overlay.apply import Report
+
+if TYPE_CHECKING:  # the apply engine is imported by the verbs that apply, not by every start-up
+    from vllm_overlay.apply import Report
 
 
 def apply_table(report: Report) -> str:

@@ -18,25 +18,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import git
+from vllm_overlay import indexes, output, project
 
-from vllm_overlay import (
-    apply,
-    export,
-    indexes,
-    interrupts,
-    lock,
-    output,
-    project,
-    rebase,
-    report,
-    series,
-    sources,
-    staging,
-)
-from vllm_overlay.audit import DRIFTING
-from vllm_overlay.store import Store
+if TYPE_CHECKING:
+    from vllm_overlay import apply, lock, series, sources
+    from vllm_overlay.store import Store
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -82,6 +70,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vllm_overlay import apply, interrupts  # imported here: --help and other verbs never need them
+
     proj = project.from_args(args)
     target = (args.output or proj.patched_tree).resolve()
     with interrupts.terminate_as_interrupt():
@@ -97,6 +87,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, proj: project.Project, target: Path) -> int:
+    import git
+
+    from vllm_overlay import apply, export, lock, report, series, sources, staging
+    from vllm_overlay.store import Store
+
     try:
         the_lock = lock.load(proj.lock_file)
         patches = series.select(series.load_series(proj.patches, allow_empty=False), args.only)
@@ -157,6 +152,8 @@ def _run(args: argparse.Namespace, proj: project.Project, target: Path) -> int:
 
 def base_upstream(spec: str | None, the_lock: lock.Lock, store: Store, upstream: sources.Upstream) -> sources.Upstream:
     """The upstream the series was written for (obtained only when needed: it may download)."""
+    from vllm_overlay import sources
+
     if spec is None and upstream.kind == "locked":
         return upstream
     return sources.obtain(spec, the_lock, store)
@@ -170,6 +167,9 @@ def note_target_drift(
     upstream: sources.Upstream,
 ) -> None:
     """Warn, for each patch that applied, about Targets whose AST differs from the locked upstream."""
+    from vllm_overlay import apply, rebase
+    from vllm_overlay.audit import DRIFTING
+
     drift = rebase.drift_by_patch(store, locked, upstream, patches)
     for patch_result in result.results:
         changed = [d for d in drift.get(patch_result.name, []) if d.drift in DRIFTING]
