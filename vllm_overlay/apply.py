@@ -17,7 +17,7 @@ from pathlib import Path
 
 import git
 
-from vllm_overlay import faults, interrupts, paths, staging
+from vllm_overlay import apply_record, faults, interrupts, paths, staging
 from vllm_overlay.classify import FUZZ_CONTEXT, PatchResult, Status, apply_check, classify
 from vllm_overlay.series import PATCH_FILE_TRAILER, Patch, as_git_am_reads
 from vllm_overlay.sources import Upstream
@@ -45,6 +45,9 @@ class Report:
     output: str
     results: list[PatchResult]
     published: bool
+    # True: the output already held exactly this build (same inputs, untouched since it was
+    # published), so nothing was rebuilt; ``results`` are the ones recorded when it was built.
+    unchanged: bool = False
 
     @property
     def ok(self) -> bool:
@@ -58,6 +61,7 @@ class Report:
             "upstream": self.upstream.to_json(),
             "output": self.output,
             "published": self.published,
+            "unchanged": self.unchanged,
             "ok": self.ok,
             "patches": [r.to_json() for r in self.results],
         }
@@ -73,6 +77,10 @@ class ApplyError(RuntimeError):
 
 class OutputBusy(ApplyError):
     """Another run is writing the output and ``wait`` was off."""
+
+
+class WorkWouldBeLost(ApplyError):
+    """Replacing the output would throw away work it holds (``before_replace`` refused; exit 2, untouched)."""
 
 
 class OutputNotOurs(ApplyError):
@@ -162,6 +170,8 @@ def apply_series(
     wait: bool = True,
     on_wait: Callable[[int | None], None] | None = None,
     partial: bool = False,
+    inputs: apply_record.Inputs | None = None,
+    before_replace: Callable[[], None] | None = None,
 ) -> Report:
     """Apply ``patches`` onto ``upstream`` into ``output``.
 
@@ -173,6 +183,12 @@ def apply_series(
     off, refused with OutputBusy. Ctrl-C or SIGTERM raise Interrupted after the staging area is
     removed and the git processes still running are ended. ``partial`` marks a tree that holds a
     selection of the series (``--only``), so export never takes it for the whole series.
+
+    With ``inputs`` (the lock, upstream and options of this run) the published tree records what
+    it was built from (``apply_record``); a later run with the same inputs and patches whose
+    output is untouched since answers from that record without rebuilding (``Report.unchanged``).
+    ``before_replace`` is called under the output's lock before anything is built to replace it
+    (it may raise to refuse: apply-patches checks there that no unexported work would be lost).
     """
     output = output.resolve()
     try:
@@ -183,7 +199,17 @@ def apply_series(
     try:
         with staging.output_lock(output, wait=wait, on_wait=on_wait):
             return _apply_locked(
-                output, patches, upstream, checkout, options, progress, publish_partial, seed_base, partial
+                output,
+                patches,
+                upstream,
+                checkout,
+                options,
+                progress,
+                publish_partial,
+                seed_base,
+                partial,
+                inputs,
+                before_replace,
             )
     except staging.OutputBusy as exc:
         raise OutputBusy(str(exc)) from None
@@ -199,6 +225,8 @@ def _apply_locked(
     publish_partial: bool,
     seed_base: Callable[[], str | None] | None,
     partial: bool = False,
+    inputs: apply_record.Inputs | None = None,
+    before_replace: Callable[[], None] | None = None,
 ) -> Report:
     published = False
     area: staging.StagingArea | None = None
@@ -209,8 +237,16 @@ def _apply_locked(
         except staging.OutputNotOurs as exc:
             raise OutputNotOurs(str(exc)) from None
         staging.remove_leftovers(output)
+        if inputs is not None:
+            recorded = _unchanged_results(output, inputs, patches)
+            if recorded is not None:
+                return Report(upstream, str(output), recorded, published=True, unchanged=True)
+        if before_replace is not None:
+            before_replace()
         area = staging.create_staging(output)
         results = _apply_in(area, patches, upstream, checkout, options, progress, seed_base, partial)
+        if inputs is not None and all(r.accepted for r in results):
+            apply_record.write(area.tree, inputs, patches, results)  # published with the tree, or not at all
         if publish_partial or all(r.accepted for r in results):
             with interrupts.deferred():  # a signal during publish arrives once ``published`` is true
                 staging.publish(area, output)
@@ -229,6 +265,20 @@ def _apply_locked(
             # published or interrupted is already decided.
             with contextlib.suppress(KeyboardInterrupt):
                 area.remove()
+
+
+def _unchanged_results(output: Path, inputs: apply_record.Inputs, patches: list[Patch]) -> list[PatchResult] | None:
+    """The recorded results when ``output`` already holds this build untouched, else None (rebuild)."""
+    if not output.is_dir():
+        return None
+    record = apply_record.load(output)
+    if record is None or not apply_record.same_inputs(record, inputs):
+        return None
+    if len(record.get("patches", [])) != len(patches) or apply_record.same_prefix(record, patches) != len(patches):
+        return None
+    if not apply_record.untouched(output, record, staging.published_head(output)):
+        return None
+    return apply_record.results_of(record)
 
 
 def _apply_in(

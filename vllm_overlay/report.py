@@ -29,7 +29,12 @@ def apply_table(report: Report) -> str:
         lines.extend(f"      {note}" for note in result.hunks)
         lines.extend(f"      warning: {warning}" for warning in result.warnings)
     accepted = sum(r.accepted for r in report.results)
-    if report.published:
+    if report.unchanged:
+        lines.append(
+            f"{accepted}/{len(report.results)} patches applied; patched tree: {report.output} (unchanged: same lock, "
+            "upstream and patch bytes as when it was published, and untouched since; nothing rebuilt)"
+        )
+    elif report.published:
         lines.append(f"{accepted}/{len(report.results)} patches applied; patched tree: {report.output}")
     else:
         lines.append(

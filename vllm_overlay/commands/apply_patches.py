@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, proj: project.Project, target: Path) -> int:
     import git
 
-    from vllm_overlay import apply, export, lock, report, series, sources, staging
+    from vllm_overlay import apply, apply_record, export, lock, report, series, sources, staging
     from vllm_overlay.store import Store
 
     try:
@@ -105,15 +105,19 @@ def _run(args: argparse.Namespace, proj: project.Project, target: Path) -> int:
     except staging.OutputNotOurs as exc:
         output.error(str(exc))
         return 2
-    if target.is_dir() and not args.discard_unexported:
+
+    def refuse_lost_work() -> None:
+        """Under the output's lock, before it is rebuilt (an unchanged output is never replaced)."""
+        if not target.is_dir() or args.discard_unexported:
+            return
         lost = export.unexported_work(target, proj.patches, staging.published_head(target))
         if lost:
-            output.error(
+            raise apply.WorkWouldBeLost(
                 f"{target} holds work that is not in patches/, which replacing it would throw away: "
                 + "; ".join(lost)
                 + ". Commit it and run scripts/export-patches first, or pass --discard-unexported to drop it"
             )
-            return 2
+
     options = apply.Options(args.allow_offset, args.allow_fuzz, args.three_way)
     output.info(f"applying {len(patches)} patch(es) onto upstream {upstream.label} -> {target}")
     try:
@@ -128,6 +132,10 @@ def _run(args: argparse.Namespace, proj: project.Project, target: Path) -> int:
             wait=args.wait,
             on_wait=output.waiting_for(target),
             partial=bool(args.only),
+            inputs=apply_record.inputs_for(
+                the_lock, upstream, (options.allow_offset, options.allow_fuzz, options.three_way), bool(args.only)
+            ),
+            before_replace=refuse_lost_work,
         )
     except (apply.ApplyError, sources.SourceError) as exc:
         output.error(str(exc))
