@@ -10,6 +10,7 @@ never leaves a half-applied tree behind and the next run removes whatever a kill
 from __future__ import annotations
 
 import contextlib
+import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import git
 
-from vllm_overlay import apply_record, faults, interrupts, paths, staging
+from vllm_overlay import apply_record, faults, interrupts, linkcopy, paths, staging
 from vllm_overlay.classify import FUZZ_CONTEXT, PatchResult, Status, apply_check, classify
 from vllm_overlay.series import PATCH_FILE_TRAILER, Patch, as_git_am_reads
 from vllm_overlay.sources import Upstream
@@ -237,14 +238,17 @@ def _apply_locked(
         except staging.OutputNotOurs as exc:
             raise OutputNotOurs(str(exc)) from None
         staging.remove_leftovers(output)
-        if inputs is not None:
-            recorded = _unchanged_results(output, inputs, patches)
-            if recorded is not None:
-                return Report(upstream, str(output), recorded, published=True, unchanged=True)
-        if before_replace is not None:
-            before_replace()
+        reusable, recorded = _reusable_prefix(output, inputs, patches) if inputs is not None else ([], 0)
+        if reusable and len(reusable) == len(patches) == recorded:
+            return Report(upstream, str(output), reusable, published=True, unchanged=True)
+        if not reusable and before_replace is not None:
+            before_replace()  # an untouched output (reusable) holds no work that is not in patches/
         area = staging.create_staging(output)
-        results = _apply_in(area, patches, upstream, checkout, options, progress, seed_base, partial)
+        results = None
+        if reusable:
+            results = _apply_on_prefix(area, output, reusable, patches, upstream, options, progress, seed_base)
+        if results is None:
+            results = _apply_in(area, patches, upstream, checkout, options, progress, seed_base, partial)
         if inputs is not None and all(r.accepted for r in results):
             apply_record.write(area.tree, inputs, patches, results)  # published with the tree, or not at all
         if publish_partial or all(r.accepted for r in results):
@@ -267,18 +271,54 @@ def _apply_locked(
                 area.remove()
 
 
-def _unchanged_results(output: Path, inputs: apply_record.Inputs, patches: list[Patch]) -> list[PatchResult] | None:
-    """The recorded results when ``output`` already holds this build untouched, else None (rebuild)."""
+def _reusable_prefix(output: Path, inputs: apply_record.Inputs, patches: list[Patch]) -> tuple[list[PatchResult], int]:
+    """The recorded results of the leading patches ``output`` already holds, built from the same inputs
+    and untouched since it was published (empty: nothing can be reused; rebuild from upstream), and
+    how many patches the output holds in all."""
     if not output.is_dir():
-        return None
+        return [], 0
     record = apply_record.load(output)
     if record is None or not apply_record.same_inputs(record, inputs):
+        return [], 0
+    count = apply_record.same_prefix(record, patches)
+    if count == 0 or not apply_record.untouched(output, record, staging.published_head(output)):
+        return [], 0
+    results = apply_record.results_of(record)[:count]
+    if not all(r.accepted and r.commit for r in results):
+        return [], 0
+    return results, len(record["patches"])
+
+
+def _apply_on_prefix(
+    area: staging.StagingArea,
+    output: Path,
+    reused: list[PatchResult],
+    patches: list[Patch],
+    upstream: Upstream,
+    options: Options,
+    progress: Callable[[int, int, str], None] | None,
+    seed_base: Callable[[], str | None] | None,
+) -> list[PatchResult] | None:
+    """Re-apply only the patches after ``reused`` (the leading ones ``output`` holds as recorded).
+
+    The staging tree is a copy of ``output`` sharing its files (``linkcopy``), reset to the commit
+    of the last reused patch; the rest is classified and committed as in a full apply, and the
+    result replaces ``output`` in one step as always. None where the copy cannot be made (the
+    caller then builds from upstream; the staging tree is removed).
+    """
+    try:
+        linkcopy.link_copy(output, area.tree)
+    except OSError:
+        shutil.rmtree(area.tree, ignore_errors=True)
         return None
-    if len(record.get("patches", [])) != len(patches) or apply_record.same_prefix(record, patches) != len(patches):
-        return None
-    if not apply_record.untouched(output, record, staging.published_head(output)):
-        return None
-    return apply_record.results_of(record)
+    mails = write_mails(patches, area.mails)
+    repo = git.Repo(area.tree)
+    repo.git.config("core.trustctime", "false")  # the hard links changed every file's ctime
+    repo.git.reset("--hard", "--quiet", reused[-1].commit)
+    faults.phase("checked-out")
+    start = len(reused)
+    new = _apply_each(repo, area, patches, mails, upstream, options, progress, seed_base, start)
+    return [*reused, *new]
 
 
 def _apply_in(
@@ -298,10 +338,27 @@ def _apply_in(
     if partial:
         repo.git.config(CONFIG_PARTIAL, "true")
     faults.phase("checked-out")
+    return _apply_each(repo, area, patches, mails, upstream, options, progress, seed_base, 0)
+
+
+def _apply_each(
+    repo: git.Repo,
+    area: staging.StagingArea,
+    patches: list[Patch],
+    mails: list[Path],
+    upstream: Upstream,
+    options: Options,
+    progress: Callable[[int, int, str], None] | None,
+    seed_base: Callable[[], str | None] | None,
+    start: int,
+) -> list[PatchResult]:
+    """Classify (and commit, where accepted) ``patches[start:]`` in order on ``repo``'s HEAD."""
     seeded = False
     tree_root = Path(repo.working_tree_dir or area.tree)
     results: list[PatchResult] = []
     for index, (patch, mail) in enumerate(zip(patches, mails, strict=True), start=1):
+        if index <= start:
+            continue
         if progress:
             progress(index, len(patches), patch.name)
         problems = paths.problems(patch, tree_root)

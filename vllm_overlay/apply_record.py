@@ -35,7 +35,10 @@ RECORD_FILE = "vllm-overlay-applied.json"
 FORMAT = 1
 BRANCH = "patched"
 # The modules whose code decides what a tree holds: a record made by other code is not reused.
-_ENGINE_MODULES = ("apply.py", "apply_record.py", "classify.py", "paths.py", "series.py", "sources.py", "staging.py")
+_ENGINE_MODULES = (
+    *("apply.py", "apply_record.py", "classify.py", "linkcopy.py"),
+    *("paths.py", "series.py", "sources.py", "staging.py"),
+)
 
 
 def engine_digest() -> str:
