@@ -173,6 +173,7 @@ def apply_series(
     partial: bool = False,
     inputs: apply_record.Inputs | None = None,
     before_replace: Callable[[], None] | None = None,
+    reuse: bool = True,
 ) -> Report:
     """Apply ``patches`` onto ``upstream`` into ``output``.
 
@@ -190,6 +191,7 @@ def apply_series(
     output is untouched since answers from that record without rebuilding (``Report.unchanged``).
     ``before_replace`` is called under the output's lock before anything is built to replace it
     (it may raise to refuse: apply-patches checks there that no unexported work would be lost).
+    ``reuse`` off builds from upstream whatever the output holds (the record is still written).
     """
     output = output.resolve()
     try:
@@ -211,6 +213,7 @@ def apply_series(
                 partial,
                 inputs,
                 before_replace,
+                reuse,
             )
     except staging.OutputBusy as exc:
         raise OutputBusy(str(exc)) from None
@@ -228,6 +231,7 @@ def _apply_locked(
     partial: bool = False,
     inputs: apply_record.Inputs | None = None,
     before_replace: Callable[[], None] | None = None,
+    reuse: bool = True,
 ) -> Report:
     published = False
     area: staging.StagingArea | None = None
@@ -238,7 +242,7 @@ def _apply_locked(
         except staging.OutputNotOurs as exc:
             raise OutputNotOurs(str(exc)) from None
         staging.remove_leftovers(output)
-        reusable, recorded = _reusable_prefix(output, inputs, patches) if inputs is not None else ([], 0)
+        reusable, recorded = _reusable_prefix(output, inputs, patches) if inputs and reuse else ([], 0)
         if reusable and len(reusable) == len(patches) == recorded:
             return Report(upstream, str(output), reusable, published=True, unchanged=True)
         if not reusable and before_replace is not None:

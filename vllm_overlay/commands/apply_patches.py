@@ -6,6 +6,13 @@ export-patches. Every patch gets exactly one status: clean, offset, fuzz, merged
 already-upstream or target-missing. Anything but clean fails the run unless widened on purpose
 (--allow-offset, --allow-fuzz, --3way). A failed run leaves the output directory as it was.
 
+A re-apply reuses what the output already holds, when it is untouched since this tool published
+it from the same upstream.lock, upstream and options (the tree records them): with the same patch
+bytes nothing is rebuilt and the recorded statuses are reported; after patch k changed, patches
+k..n are re-applied on the published 1..k-1, and the result replaces the output in one step as a
+full apply does. An output changed by hand in any way (a commit, an edit, a new file) is built
+from upstream as before; --rebuild always builds from upstream.
+
 One run at a time writes an output: a second one waits for the first (or, with --no-wait, exits 2
 naming its pid). Ctrl-C or SIGTERM stop a run with one line and exit 130; the output is left as it
 was (or, interrupted after publishing, is the new tree, as the line says).
@@ -53,6 +60,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="replace the output even though it holds commits or changes patches/ does not have "
         "(refused without this flag: exit 2, naming them)",
+    )
+    parser.add_argument(
+        "--rebuild",
+        action="store_true",
+        help="build the output from upstream even when it already holds this build (by default an unchanged "
+        "output is left as it is, and after a patch changed only it and the patches after it are re-applied)",
     )
     parser.add_argument(
         "--no-wait",
@@ -136,6 +149,7 @@ def _run(args: argparse.Namespace, proj: project.Project, target: Path) -> int:
                 the_lock, upstream, (options.allow_offset, options.allow_fuzz, options.three_way), bool(args.only)
             ),
             before_replace=refuse_lost_work,
+            reuse=not args.rebuild,
         )
     except (apply.ApplyError, sources.SourceError) as exc:
         output.error(str(exc))
