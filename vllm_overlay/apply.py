@@ -111,18 +111,29 @@ def write_mails(patches: list[Patch], directory: Path) -> list[Path]:
 
 
 def commit_patch(repo: git.Repo, patch: Patch, mail: Path, status: Status) -> str:
-    """Apply an accepted patch (read from ``mail``) with ``git am`` and record which file it came from."""
+    """Apply an accepted patch (read from ``mail``) with ``git am`` and record which file it came from.
+
+    The ``Patch-File`` trailer goes into a copy of the mail before ``git am`` when the message
+    already ends in a trailer block (every linted patch: its DEP-3 fields): git's own
+    ``interpret-trailers`` adds it there exactly as ``git commit --amend --trailer`` would (same
+    commit ids), and the amend, which reads and rewrites the whole index again, is saved.
+    """
     flags = ["--quiet", "--keep-cr"]
     if status is Status.FUZZ:
         flags.append(f"-C{FUZZ_CONTEXT}")
     if status is Status.MERGED_3WAY:
         flags.append("--3way")
+    trailer = f"--trailer={PATCH_FILE_TRAILER}: {patch.name}"
     with repo.git.custom_environment(**_committer_env(repo, mail)):
-        repo.git.am(*flags, str(mail))
-        repo.git.commit(
-            "--amend", "--quiet", "--no-edit", "--no-verify", f"--trailer={PATCH_FILE_TRAILER}: {patch.name}"
-        )
-    return repo.head.commit.hexsha
+        if patch.trailers:
+            with_trailer = mail.with_name(mail.name + ".commit")
+            shutil.copyfile(mail, with_trailer)
+            repo.git.interpret_trailers("--in-place", trailer, str(with_trailer))
+            repo.git.am(*flags, str(with_trailer))
+        else:
+            repo.git.am(*flags, str(mail))
+            repo.git.commit("--amend", "--quiet", "--no-edit", "--no-verify", trailer)
+    return repo.git.rev_parse("HEAD")
 
 
 def _committer_env(repo: git.Repo, mail: Path) -> dict[str, str]:
