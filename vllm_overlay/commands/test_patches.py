@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, proj: project.Project, workdir: Path, started: float) -> int:
-    from vllm_overlay import apply, envs, lock, report, series, shadow, sources, testrun
+    from vllm_overlay import apply, apply_record, envs, lock, report, series, shadow, sources, testrun
     from vllm_overlay.store import Store
 
     store = Store()
@@ -175,6 +175,8 @@ def _run(args: argparse.Namespace, proj: project.Project, workdir: Path, started
             lambda dest: sources.checkout(store, upstream, dest),
             patched,
             apply.Options(),
+            # Unchanged since the last run: answered from the tree's record, nothing rebuilt.
+            inputs=apply_record.inputs_for(the_lock, upstream, (False, False, False), False),
         )
     except apply.ApplyError as exc:
         output.error(str(exc))
