@@ -201,7 +201,9 @@ def run(jobs: list[str], repeat: int) -> None:
         if "incremental" in jobs:
             last = Path(files[-1])
             original = last.read_bytes()
-            variants = [original, original.replace(b"\n---\n", b"\nEdited for the benchmark.\n---\n", 1)]
+            # A reworded Description: the message and the trailer block stay well formed.
+            variants = [original, original.replace(b"\nDescription: ", b"\nDescription: (reworded) ", 1)]
+            assert variants[1] != original
             state = {"tool": 0, "hand": 0}
 
             def flip(who: str) -> Callable[[], None]:

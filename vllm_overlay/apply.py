@@ -379,14 +379,15 @@ def _apply_each(
         problems = paths.problems(patch, tree_root)
         if problems:
             raise ApplyError(f"{patch.name}: refused: " + "; ".join(problems))
-        if not seeded and seed_base is not None and apply_check(repo, mail)[0] != 0:
+        check = apply_check(repo, mail)  # classify reads it too: seeding writes objects, not the tree
+        if not seeded and seed_base is not None and check[0] != 0:
             seeded = True
             base_commit = seed_base()
             if base_commit and base_commit != upstream.commit:
                 # The base may have been imported into the store after this clone was made.
                 repo.git.fetch("--quiet", "origin", "+refs/tags/*:refs/tags/*")
                 seed_preimages(repo, base_commit, patches)
-        result = classify(repo, patch, mail)
+        result = classify(repo, patch, mail, check)
         result.accepted = options.accepts(result.status)
         if result.accepted:
             result.commit = commit_patch(repo, patch, mail, result.status)
