@@ -23,7 +23,8 @@ then the tool tests (tests/tool).
 The test environment (vllm==<locked version>, pytest, pytest-timeout, tblib, hypothesis and the
 tool's dependencies) is built on first use in the cache (~3 min, ~10 GB) and reused while
 upstream.lock and the pins are unchanged; before every run the installed vllm is proven pristine
-against its wheel's RECORD (rebuilt if not). --env DIR / $VLLM_OVERLAY_ENV use another one.
+against its wheel's RECORD (rebuilt if not): in full once, then re-hashing only the files whose
+stat (size, mtime, ctime, inode) changed since. --env DIR / $VLLM_OVERLAY_ENV use another one.
 
 Exit codes: 0 every check passed; 1 a patch failed (apply, red, green or upstream tests), or the
 full-series or tool tests failed; 2 usage, input or environment error; 130 interrupted.
