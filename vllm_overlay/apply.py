@@ -10,6 +10,7 @@ never leaves a half-applied tree behind and the next run removes whatever a kill
 from __future__ import annotations
 
 import contextlib
+import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import git
 
-from vllm_overlay import faults, interrupts, paths, staging
+from vllm_overlay import apply_record, faults, interrupts, linkcopy, paths, staging
 from vllm_overlay.classify import FUZZ_CONTEXT, PatchResult, Status, apply_check, classify
 from vllm_overlay.series import PATCH_FILE_TRAILER, Patch, as_git_am_reads
 from vllm_overlay.sources import Upstream
@@ -45,6 +46,9 @@ class Report:
     output: str
     results: list[PatchResult]
     published: bool
+    # True: the output already held exactly this build (same inputs, untouched since it was
+    # published), so nothing was rebuilt; ``results`` are the ones recorded when it was built.
+    unchanged: bool = False
 
     @property
     def ok(self) -> bool:
@@ -58,6 +62,7 @@ class Report:
             "upstream": self.upstream.to_json(),
             "output": self.output,
             "published": self.published,
+            "unchanged": self.unchanged,
             "ok": self.ok,
             "patches": [r.to_json() for r in self.results],
         }
@@ -73,6 +78,10 @@ class ApplyError(RuntimeError):
 
 class OutputBusy(ApplyError):
     """Another run is writing the output and ``wait`` was off."""
+
+
+class WorkWouldBeLost(ApplyError):
+    """Replacing the output would throw away work it holds (``before_replace`` refused; exit 2, untouched)."""
 
 
 class OutputNotOurs(ApplyError):
@@ -102,18 +111,29 @@ def write_mails(patches: list[Patch], directory: Path) -> list[Path]:
 
 
 def commit_patch(repo: git.Repo, patch: Patch, mail: Path, status: Status) -> str:
-    """Apply an accepted patch (read from ``mail``) with ``git am`` and record which file it came from."""
+    """Apply an accepted patch (read from ``mail``) with ``git am`` and record which file it came from.
+
+    The ``Patch-File`` trailer goes into a copy of the mail before ``git am`` when the message
+    already ends in a trailer block (every linted patch: its DEP-3 fields): git's own
+    ``interpret-trailers`` adds it there exactly as ``git commit --amend --trailer`` would (same
+    commit ids), and the amend, which reads and rewrites the whole index again, is saved.
+    """
     flags = ["--quiet", "--keep-cr"]
     if status is Status.FUZZ:
         flags.append(f"-C{FUZZ_CONTEXT}")
     if status is Status.MERGED_3WAY:
         flags.append("--3way")
+    trailer = f"--trailer={PATCH_FILE_TRAILER}: {patch.name}"
     with repo.git.custom_environment(**_committer_env(repo, mail)):
-        repo.git.am(*flags, str(mail))
-        repo.git.commit(
-            "--amend", "--quiet", "--no-edit", "--no-verify", f"--trailer={PATCH_FILE_TRAILER}: {patch.name}"
-        )
-    return repo.head.commit.hexsha
+        if patch.trailers:
+            with_trailer = mail.with_name(mail.name + ".commit")
+            shutil.copyfile(mail, with_trailer)
+            repo.git.interpret_trailers("--in-place", trailer, str(with_trailer))
+            repo.git.am(*flags, str(with_trailer))
+        else:
+            repo.git.am(*flags, str(mail))
+            repo.git.commit("--amend", "--quiet", "--no-edit", "--no-verify", trailer)
+    return repo.git.rev_parse("HEAD")
 
 
 def _committer_env(repo: git.Repo, mail: Path) -> dict[str, str]:
@@ -162,6 +182,9 @@ def apply_series(
     wait: bool = True,
     on_wait: Callable[[int | None], None] | None = None,
     partial: bool = False,
+    inputs: apply_record.Inputs | None = None,
+    before_replace: Callable[[], None] | None = None,
+    reuse: bool = True,
 ) -> Report:
     """Apply ``patches`` onto ``upstream`` into ``output``.
 
@@ -173,6 +196,13 @@ def apply_series(
     off, refused with OutputBusy. Ctrl-C or SIGTERM raise Interrupted after the staging area is
     removed and the git processes still running are ended. ``partial`` marks a tree that holds a
     selection of the series (``--only``), so export never takes it for the whole series.
+
+    With ``inputs`` (the lock, upstream and options of this run) the published tree records what
+    it was built from (``apply_record``); a later run with the same inputs and patches whose
+    output is untouched since answers from that record without rebuilding (``Report.unchanged``).
+    ``before_replace`` is called under the output's lock before anything is built to replace it
+    (it may raise to refuse: apply-patches checks there that no unexported work would be lost).
+    ``reuse`` off builds from upstream whatever the output holds (the record is still written).
     """
     output = output.resolve()
     try:
@@ -183,7 +213,18 @@ def apply_series(
     try:
         with staging.output_lock(output, wait=wait, on_wait=on_wait):
             return _apply_locked(
-                output, patches, upstream, checkout, options, progress, publish_partial, seed_base, partial
+                output,
+                patches,
+                upstream,
+                checkout,
+                options,
+                progress,
+                publish_partial,
+                seed_base,
+                partial,
+                inputs,
+                before_replace,
+                reuse,
             )
     except staging.OutputBusy as exc:
         raise OutputBusy(str(exc)) from None
@@ -199,6 +240,9 @@ def _apply_locked(
     publish_partial: bool,
     seed_base: Callable[[], str | None] | None,
     partial: bool = False,
+    inputs: apply_record.Inputs | None = None,
+    before_replace: Callable[[], None] | None = None,
+    reuse: bool = True,
 ) -> Report:
     published = False
     area: staging.StagingArea | None = None
@@ -209,8 +253,19 @@ def _apply_locked(
         except staging.OutputNotOurs as exc:
             raise OutputNotOurs(str(exc)) from None
         staging.remove_leftovers(output)
+        reusable, recorded = _reusable_prefix(output, inputs, patches) if inputs and reuse else ([], 0)
+        if reusable and len(reusable) == len(patches) == recorded:
+            return Report(upstream, str(output), reusable, published=True, unchanged=True)
+        if not reusable and before_replace is not None:
+            before_replace()  # an untouched output (reusable) holds no work that is not in patches/
         area = staging.create_staging(output)
-        results = _apply_in(area, patches, upstream, checkout, options, progress, seed_base, partial)
+        results = None
+        if reusable:
+            results = _apply_on_prefix(area, output, reusable, patches, upstream, options, progress, seed_base)
+        if results is None:
+            results = _apply_in(area, patches, upstream, checkout, options, progress, seed_base, partial)
+        if inputs is not None and all(r.accepted for r in results):
+            apply_record.write(area.tree, inputs, patches, results)  # published with the tree, or not at all
         if publish_partial or all(r.accepted for r in results):
             with interrupts.deferred():  # a signal during publish arrives once ``published`` is true
                 staging.publish(area, output)
@@ -231,6 +286,56 @@ def _apply_locked(
                 area.remove()
 
 
+def _reusable_prefix(output: Path, inputs: apply_record.Inputs, patches: list[Patch]) -> tuple[list[PatchResult], int]:
+    """The recorded results of the leading patches ``output`` already holds, built from the same inputs
+    and untouched since it was published (empty: nothing can be reused; rebuild from upstream), and
+    how many patches the output holds in all."""
+    if not output.is_dir():
+        return [], 0
+    record = apply_record.load(output)
+    if record is None or not apply_record.same_inputs(record, inputs):
+        return [], 0
+    count = apply_record.same_prefix(record, patches)
+    if count == 0 or not apply_record.untouched(output, record, staging.published_head(output)):
+        return [], 0
+    results = apply_record.results_of(record)[:count]
+    if not all(r.accepted and r.commit for r in results):
+        return [], 0
+    return results, len(record["patches"])
+
+
+def _apply_on_prefix(
+    area: staging.StagingArea,
+    output: Path,
+    reused: list[PatchResult],
+    patches: list[Patch],
+    upstream: Upstream,
+    options: Options,
+    progress: Callable[[int, int, str], None] | None,
+    seed_base: Callable[[], str | None] | None,
+) -> list[PatchResult] | None:
+    """Re-apply only the patches after ``reused`` (the leading ones ``output`` holds as recorded).
+
+    The staging tree is a copy of ``output`` sharing its files (``linkcopy``), reset to the commit
+    of the last reused patch; the rest is classified and committed as in a full apply, and the
+    result replaces ``output`` in one step as always. None where the copy cannot be made (the
+    caller then builds from upstream; the staging tree is removed).
+    """
+    try:
+        linkcopy.link_copy(output, area.tree)
+    except OSError:
+        shutil.rmtree(area.tree, ignore_errors=True)
+        return None
+    mails = write_mails(patches, area.mails)
+    repo = git.Repo(area.tree)
+    repo.git.config("core.trustctime", "false")  # the hard links changed every file's ctime
+    repo.git.reset("--hard", "--quiet", reused[-1].commit)
+    faults.phase("checked-out")
+    start = len(reused)
+    new = _apply_each(repo, area, patches, mails, upstream, options, progress, seed_base, start)
+    return [*reused, *new]
+
+
 def _apply_in(
     area: staging.StagingArea,
     patches: list[Patch],
@@ -248,23 +353,41 @@ def _apply_in(
     if partial:
         repo.git.config(CONFIG_PARTIAL, "true")
     faults.phase("checked-out")
+    return _apply_each(repo, area, patches, mails, upstream, options, progress, seed_base, 0)
+
+
+def _apply_each(
+    repo: git.Repo,
+    area: staging.StagingArea,
+    patches: list[Patch],
+    mails: list[Path],
+    upstream: Upstream,
+    options: Options,
+    progress: Callable[[int, int, str], None] | None,
+    seed_base: Callable[[], str | None] | None,
+    start: int,
+) -> list[PatchResult]:
+    """Classify (and commit, where accepted) ``patches[start:]`` in order on ``repo``'s HEAD."""
     seeded = False
     tree_root = Path(repo.working_tree_dir or area.tree)
     results: list[PatchResult] = []
     for index, (patch, mail) in enumerate(zip(patches, mails, strict=True), start=1):
+        if index <= start:
+            continue
         if progress:
             progress(index, len(patches), patch.name)
         problems = paths.problems(patch, tree_root)
         if problems:
             raise ApplyError(f"{patch.name}: refused: " + "; ".join(problems))
-        if not seeded and seed_base is not None and apply_check(repo, mail)[0] != 0:
+        check = apply_check(repo, mail)  # classify reads it too: seeding writes objects, not the tree
+        if not seeded and seed_base is not None and check[0] != 0:
             seeded = True
             base_commit = seed_base()
             if base_commit and base_commit != upstream.commit:
                 # The base may have been imported into the store after this clone was made.
                 repo.git.fetch("--quiet", "origin", "+refs/tags/*:refs/tags/*")
                 seed_preimages(repo, base_commit, patches)
-        result = classify(repo, patch, mail)
+        result = classify(repo, patch, mail, check)
         result.accepted = options.accepts(result.status)
         if result.accepted:
             result.commit = commit_patch(repo, patch, mail, result.status)

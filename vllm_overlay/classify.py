@@ -159,10 +159,13 @@ def _three_way_succeeds(repo: git.Repo, patch_file: Path) -> bool:
     return status == 0
 
 
-def classify(repo: git.Repo, patch: Patch, mail: Path) -> PatchResult:
-    """Decide ``patch``'s status (git reads it from ``mail``) against the current tree, changing nothing."""
+def classify(repo: git.Repo, patch: Patch, mail: Path, check: tuple[int, str] | None = None) -> PatchResult:
+    """Decide ``patch``'s status (git reads it from ``mail``) against the current tree, changing nothing.
+
+    ``check`` is ``apply_check(repo, mail)`` where the caller already ran it on this tree.
+    """
     base = dict(name=patch.name, series=patch.series, subject=patch.subject, accepted=False)
-    status, err = apply_check(repo, mail)
+    status, err = check if check is not None else apply_check(repo, mail)
     if status == 0:
         notes = _notes_from_success(patch, err)
         return PatchResult(status=Status.OFFSET if notes else Status.CLEAN, hunks=notes, **base)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 
-from vllm_overlay import indexes, output, record
+from vllm_overlay import envproof, indexes, output, record
 from vllm_overlay.lock import Lock
 from vllm_overlay.store import Store
 
@@ -133,6 +133,20 @@ def verify(env: Env, dist: str = "vllm") -> list[record.Problem]:
     return record.verify_distribution(env.site_packages, dist)
 
 
+def verify_proven(env: Env, dist: str, proof: Path) -> tuple[list[record.Problem], str]:
+    """``verify``, reading again only the files changed since the last clean check (``envproof``);
+    also says how long it took and how many files it read."""
+    started = time.monotonic()
+    problems, hashed = envproof.verify(env.site_packages, dist, proof)
+    return problems, f"checked in {time.monotonic() - started:.1f}s, {hashed} file(s) hashed"
+
+
+def proof_file(store: Store, env: Path, key: str | None) -> Path:
+    """Where the stat proof of ``env``'s verification is kept: in the cache, never in the environment."""
+    name = key or "given-" + hashlib.sha256(os.path.realpath(env).encode()).hexdigest()[:16]
+    return store.envs / f"{name}.proof.json"
+
+
 def _summarise(problems: list[record.Problem], limit: int = 5) -> str:
     shown = "; ".join(str(p) for p in problems[:limit])
     return shown + (f"; ... {len(problems) - limit} more" if len(problems) > limit else "")
@@ -142,7 +156,7 @@ def ensure(lock: Lock, store: Store, override: Path | None = None) -> Env:
     """The environment to test with: the given one (verified) or the cached one (built if needed)."""
     override = override or (Path(os.environ[ENV_VAR]) if os.environ.get(ENV_VAR) else None)
     if override is not None:
-        return _use_given(override.expanduser().resolve(), lock)
+        return _use_given(override.expanduser().resolve(), lock, store)
     reqs = requirements(lock)
     key = env_key(lock, reqs)
     link = store.envs / key
@@ -150,25 +164,20 @@ def ensure(lock: Lock, store: Store, override: Path | None = None) -> Env:
         store.envs.mkdir(parents=True, exist_ok=True)
         if (link / MARKER).is_file() and (link / MARKER).read_text(encoding="utf-8").split("\n", 1)[0] == key:
             env = describe(link, key, managed=True)
-            started = time.monotonic()
-            problems = verify(env, lock.project)
+            problems, checked = verify_proven(env, lock.project, proof_file(store, link, key))
             if not problems:
-                output.info(
-                    f"test environment {link} (vllm {lock.version} pristine per RECORD, "
-                    f"checked in {time.monotonic() - started:.1f}s)"
-                )
+                output.info(f"test environment {link} (vllm {lock.version} pristine per RECORD, {checked})")
                 return env
             output.warn(f"test environment {link} is not pristine ({_summarise(problems)}); rebuilding it")
         return _build(store, lock, key, reqs, link)
 
 
-def _use_given(path: Path, lock: Lock) -> Env:
+def _use_given(path: Path, lock: Lock, store: Store) -> Env:
     env = describe(path, key=None, managed=False)
     missing = missing_modules(env.python, REQUIRED_MODULES)
     if missing:
         raise EnvError(f"{path}: lacks {', '.join(missing)}; install them with {env.python} -m pip install ...")
-    started = time.monotonic()
-    problems = verify(env, lock.project)
+    problems, checked = verify_proven(env, lock.project, proof_file(store, path, None))
     if problems:
         raise EnvError(
             f"{path}: the installed {lock.project} is not pristine per its RECORD ({_summarise(problems)}); "
@@ -182,10 +191,7 @@ def _use_given(path: Path, lock: Lock) -> Env:
     ).stdout.strip()
     if version != lock.version:
         raise EnvError(f"{path}: has {lock.project} {version or '(none)'}, upstream.lock says {lock.version}")
-    output.info(
-        f"test environment {path} (given; vllm {version} pristine per RECORD, "
-        f"checked in {time.monotonic() - started:.1f}s)"
-    )
+    output.info(f"test environment {path} (given; vllm {version} pristine per RECORD, {checked})")
     return env
 
 

@@ -106,9 +106,12 @@ def operation_in_progress(repo: git.Repo) -> str | None:
     Mid-rebase, HEAD is only part of the series: exporting then would delete the patches
     after it from patches/.
     """
-    for name, operation in IN_PROGRESS.items():
-        if Path(repo.working_tree_dir, repo.git.rev_parse("--git-path", name)).exists():
-            return operation
+    names = list(IN_PROGRESS)
+    # One git process for every name (``--git-path`` follows worktrees and $GIT_DIR as git does).
+    found = repo.git.rev_parse(*(arg for name in names for arg in ("--git-path", name))).splitlines()
+    for name, path in zip(names, found, strict=True):
+        if Path(repo.working_tree_dir, path).exists():
+            return IN_PROGRESS[name]
     return None
 
 
@@ -320,13 +323,15 @@ def unexported_work(tree: Path, patches_dir: Path, published_head: str | None) -
     operation = operation_in_progress(repo)
     if operation:
         lost.append(f"{operation} is in progress")
-    changed = [item.a_path for item in repo.index.diff(None)] + [item.a_path for item in repo.index.diff("HEAD")]
-    untracked = repo.untracked_files
-    if changed or untracked:
-        names = sorted(set(changed) | set(untracked))
+    # One ``git status`` for staged, unstaged and untracked paths alike (NUL-separated: any file name).
+    status = repo.git.status(
+        "--porcelain", "-z", "--untracked-files=all", "--no-renames", strip_newline_in_stdout=False
+    )
+    names = sorted({entry[3:] for entry in status.split("\0") if len(entry) > 3})
+    if names:
         more = f" and {len(names) - 5} more" if len(names) > 5 else ""
         lost.append(f"uncommitted changes: {', '.join(names[:5])}{more}")
-    if lost or repo.head.commit.hexsha == published_head:
+    if lost or repo.git.rev_parse("HEAD") == published_head:
         return lost
     try:
         wanted = rendered(export_commits(tree))

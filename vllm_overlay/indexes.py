@@ -16,14 +16,10 @@ import argparse
 import json
 import os
 import re
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
-
-from packaging.utils import canonicalize_name
 
 ENV_VAR = "VLLM_OVERLAY_INDEX_URL"
 JSON_TYPE = "application/vnd.pypi.simple.v1+json"
@@ -113,6 +109,12 @@ def project_files(project: str) -> ProjectFiles:
 
 
 def _read_project_page(index: str, project: str) -> list[IndexEntry]:
+    # Imported here: every command's start-up imports this module (for --index-url), few read an index.
+    import urllib.error
+    import urllib.request
+
+    from packaging.utils import canonicalize_name
+
     url = f"{index}/{canonicalize_name(project)}/"
     if url.startswith("file:"):
         return _read_file_page(url)
@@ -134,6 +136,8 @@ def _read_project_page(index: str, project: str) -> list[IndexEntry]:
 
 
 def _read_file_page(url: str) -> list[IndexEntry]:
+    import urllib.request
+
     path = Path(urllib.request.url2pathname(urllib.parse.urlparse(url).path))
     page = path / "index.html"
     if not page.is_file():

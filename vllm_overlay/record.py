@@ -19,6 +19,7 @@ import importlib.metadata
 import json
 import os
 import sys
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -73,7 +74,9 @@ def check_file(path: Path | str, expected: str) -> bool:
 
 def find_distribution(site_packages: Path, dist: str) -> importlib.metadata.Distribution | None:
     """The distribution named ``dist`` installed in exactly this directory (no sys.path search)."""
-    for candidate in importlib.metadata.distributions(path=[str(site_packages)]):
+    # ``name`` narrows the search to that distribution's metadata directories (matched by their
+    # normalized names) instead of parsing every installed distribution's METADATA.
+    for candidate in importlib.metadata.distributions(path=[str(site_packages)], name=dist):
         name = (candidate.metadata["Name"] or "").replace("_", "-").lower()
         if name == dist.replace("_", "-").lower():
             return candidate
@@ -106,12 +109,9 @@ def recorded_files(site_packages: Path, dist: str) -> dict[str, tuple[str | None
 
 def _top_level_dirs(site_packages: Path, recorded: dict[str, tuple[str | None, int | None]]) -> set[str]:
     """Package directories the distribution owns (``vllm``), not its dist-info."""
-    tops = set()
-    for rel in recorded:
-        first = rel.split("/", 1)[0]
-        if "/" in rel and not first.endswith((".dist-info", ".data")) and (site_packages / first).is_dir():
-            tops.add(first)
-    return tops
+    firsts = {rel.split("/", 1)[0] for rel in recorded if "/" in rel}
+    owned = {first for first in firsts if not first.endswith((".dist-info", ".data"))}
+    return {first for first in owned if (site_packages / first).is_dir()}
 
 
 def verify_distribution(
@@ -121,6 +121,7 @@ def verify_distribution(
     *,
     check_unrecorded: bool = True,
     workers: int = 8,
+    proven: Callable[[str], bool] | None = None,
 ) -> list[Problem]:
     """Every way the installed ``dist`` differs from its RECORD (empty list: pristine).
 
@@ -128,6 +129,8 @@ def verify_distribution(
     have instead of the recorded one (an overlay's replaced or added files). With
     ``check_unrecorded``, files inside the package directories that RECORD does not list (other than
     ``__pycache__``) are problems too: an added module changes what ``import`` finds.
+    ``proven(rel)`` True says a recorded file was hashed against RECORD before and has not changed
+    since (the caller keeps that proof, e.g. by the file's stat): it is not read again.
     """
     site_packages = Path(site_packages)
     replaced = {k: to_hex(v) for k, v in (replaced or {}).items()}
@@ -152,8 +155,11 @@ def verify_distribution(
             return Problem(rel, "size", f"{path.stat().st_size} bytes, RECORD says {size}")
         return None if file_sha256(path) == digest else Problem(rel, "modified")
 
+    items = sorted(recorded.items())
+    if proven is not None:  # what an earlier check hashed and nothing changed since is not read again
+        items = [item for item in items if item[0] in replaced or item[1][0] is None or not proven(item[0])]
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        problems = [p for p in pool.map(check, sorted(recorded.items())) if p is not None]
+        problems = [p for p in pool.map(check, items) if p is not None]
     for rel in sorted(set(replaced) - set(recorded)):  # files an overlay added
         path = site_packages / rel
         if not path.is_file():
@@ -165,8 +171,9 @@ def verify_distribution(
         for top in sorted(_top_level_dirs(site_packages, recorded)):
             for dirpath, dirnames, filenames in os.walk(site_packages / top):
                 dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+                rel_dir = Path(dirpath).relative_to(site_packages).as_posix()
                 for name in sorted(filenames):
-                    rel = (Path(dirpath) / name).relative_to(site_packages).as_posix()
+                    rel = f"{rel_dir}/{name}"
                     if rel not in known:
                         problems.append(Problem(rel, "unrecorded"))
     return problems

@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from vllm_overlay import atomicfile, output
-from vllm_overlay.apply import Report
+
+if TYPE_CHECKING:  # the apply engine is imported by the verbs that apply, not by every start-up
+    from vllm_overlay.apply import Report
 
 
 def apply_table(report: Report) -> str:
@@ -26,7 +29,12 @@ def apply_table(report: Report) -> str:
         lines.extend(f"      {note}" for note in result.hunks)
         lines.extend(f"      warning: {warning}" for warning in result.warnings)
     accepted = sum(r.accepted for r in report.results)
-    if report.published:
+    if report.unchanged:
+        lines.append(
+            f"{accepted}/{len(report.results)} patches applied; patched tree: {report.output} (unchanged: same lock, "
+            "upstream and patch bytes as when it was published, and untouched since; nothing rebuilt)"
+        )
+    elif report.published:
         lines.append(f"{accepted}/{len(report.results)} patches applied; patched tree: {report.output}")
     else:
         lines.append(

@@ -34,7 +34,6 @@ from cyclonedx.model.component import (
 from cyclonedx.model.issue import IssueClassification, IssueType
 from cyclonedx.output.json import JsonV1Dot6
 from cyclonedx.schema import SchemaVersion
-from cyclonedx.validation.json import JsonStrictValidator
 from packageurl import PackageURL
 
 from vllm_overlay.lock import Lock
@@ -129,6 +128,10 @@ def problems(text: str, patch_names: Sequence[str]) -> list[str]:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         return [f"not JSON: {exc}"]
+    # Imported here: the schema validator compiles its URI grammars on import (seconds of CPU),
+    # which only a check of an SBOM should pay, not every command that imports this module.
+    from cyclonedx.validation.json import JsonStrictValidator
+
     errors = JsonStrictValidator(SCHEMA).validate_str(text, all_errors=True)
     found = [f"schema: {error}" for error in (errors or [])]
     vllm = next((c for c in data.get("components", []) if c.get("name") == "vllm"), None)

@@ -54,9 +54,16 @@ class Patch:
     author: str
     date: str
     message: str  # subject line + body, as the commit message
-    trailers: list[tuple[str, str]]
     diff: unidiff.PatchSet
     raw: bytes = field(repr=False)
+    _trailers: list[tuple[str, str]] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def trailers(self) -> list[tuple[str, str]]:
+        """The message's trailers, parsed by git on first use (a run that only compares bytes never starts it)."""
+        if self._trailers is None:
+            self._trailers = parse_trailers(self.message)
+        return self._trailers
 
     def values(self, key: str) -> list[str]:
         """All values of a trailer (case-insensitive key); comma/space separated lists are split."""
@@ -277,7 +284,6 @@ def parse_patch_bytes(raw: bytes, path: Path, name: str) -> Patch:
         author=str(mail.get("From", "")),
         date=str(mail.get("Date", "")),
         message=message,
-        trailers=parse_trailers(message),
         diff=diff,
         raw=raw,
     )

@@ -29,7 +29,6 @@ from packaging.utils import (
     parse_wheel_filename,
 )
 from packaging.version import InvalidVersion, Version
-from tqdm import tqdm
 
 from vllm_overlay import atomicfile, indexes, objects, output, safetar
 from vllm_overlay.lock import Lock
@@ -165,6 +164,8 @@ def download(url: str, dest: Path, sha256: str, size: int | None = None) -> Path
             return dest
         output.warn(f"cached {dest.name} does not match its sha256; downloading again")
         dest.unlink()
+    from tqdm import tqdm  # imported here: only a download shows progress (it costs every start-up otherwise)
+
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = atomicfile.create_temp(dest.parent, f".{dest.name}.", ".part")
     digest = hashlib.sha256()

@@ -280,7 +280,8 @@ def test_output_file_system_full_keeps_the_previous_tree(built, project, upstrea
         free = os.statvfs(small_tmpfs).f_bavail * os.statvfs(small_tmpfs).f_frsize
         handle.write(b"\0" * max(free - 8192, 0))
     capsys.readouterr()
-    code, _report = run_apply(project, upstream_dir, "--output", str(target), "--discard-unexported")
+    # --rebuild: the output already holds this build, which an unchanged re-apply would leave as it is.
+    code, _report = run_apply(project, upstream_dir, "--output", str(target), "--discard-unexported", "--rebuild")
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err
     assert "No space left on device" in err and f"{target} unchanged" in err

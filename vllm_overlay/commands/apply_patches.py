@@ -6,6 +6,13 @@ export-patches. Every patch gets exactly one status: clean, offset, fuzz, merged
 already-upstream or target-missing. Anything but clean fails the run unless widened on purpose
 (--allow-offset, --allow-fuzz, --3way). A failed run leaves the output directory as it was.
 
+A re-apply reuses what the output already holds, when it is untouched since this tool published
+it from the same upstream.lock, upstream and options (the tree records them): with the same patch
+bytes nothing is rebuilt and the recorded statuses are reported; after patch k changed, patches
+k..n are re-applied on the published 1..k-1, and the result replaces the output in one step as a
+full apply does. An output changed by hand in any way (a commit, an edit, a new file) is built
+from upstream as before; --rebuild always builds from upstream.
+
 One run at a time writes an output: a second one waits for the first (or, with --no-wait, exits 2
 naming its pid). Ctrl-C or SIGTERM stop a run with one line and exit 130; the output is left as it
 was (or, interrupted after publishing, is the new tree, as the line says).
@@ -18,25 +25,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import git
+from vllm_overlay import indexes, output, project
 
-from vllm_overlay import (
-    apply,
-    export,
-    indexes,
-    interrupts,
-    lock,
-    output,
-    project,
-    rebase,
-    report,
-    series,
-    sources,
-    staging,
-)
-from vllm_overlay.audit import DRIFTING
-from vllm_overlay.store import Store
+if TYPE_CHECKING:
+    from vllm_overlay import apply, lock, series, sources
+    from vllm_overlay.store import Store
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -67,6 +62,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(refused without this flag: exit 2, naming them)",
     )
     parser.add_argument(
+        "--rebuild",
+        action="store_true",
+        help="build the output from upstream even when it already holds this build (by default an unchanged "
+        "output is left as it is, and after a patch changed only it and the patches after it are re-applied)",
+    )
+    parser.add_argument(
         "--no-wait",
         dest="wait",
         action="store_false",
@@ -82,6 +83,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vllm_overlay import apply, interrupts  # imported here: --help and other verbs never need them
+
     proj = project.from_args(args)
     target = (args.output or proj.patched_tree).resolve()
     with interrupts.terminate_as_interrupt():
@@ -97,6 +100,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, proj: project.Project, target: Path) -> int:
+    import git
+
+    from vllm_overlay import apply, apply_record, export, lock, report, series, sources, staging
+    from vllm_overlay.store import Store
+
     try:
         the_lock = lock.load(proj.lock_file)
         patches = series.select(series.load_series(proj.patches, allow_empty=False), args.only)
@@ -110,15 +118,19 @@ def _run(args: argparse.Namespace, proj: project.Project, target: Path) -> int:
     except staging.OutputNotOurs as exc:
         output.error(str(exc))
         return 2
-    if target.is_dir() and not args.discard_unexported:
+
+    def refuse_lost_work() -> None:
+        """Under the output's lock, before it is rebuilt (an unchanged output is never replaced)."""
+        if not target.is_dir() or args.discard_unexported:
+            return
         lost = export.unexported_work(target, proj.patches, staging.published_head(target))
         if lost:
-            output.error(
+            raise apply.WorkWouldBeLost(
                 f"{target} holds work that is not in patches/, which replacing it would throw away: "
                 + "; ".join(lost)
                 + ". Commit it and run scripts/export-patches first, or pass --discard-unexported to drop it"
             )
-            return 2
+
     options = apply.Options(args.allow_offset, args.allow_fuzz, args.three_way)
     output.info(f"applying {len(patches)} patch(es) onto upstream {upstream.label} -> {target}")
     try:
@@ -133,6 +145,11 @@ def _run(args: argparse.Namespace, proj: project.Project, target: Path) -> int:
             wait=args.wait,
             on_wait=output.waiting_for(target),
             partial=bool(args.only),
+            inputs=apply_record.inputs_for(
+                the_lock, upstream, (options.allow_offset, options.allow_fuzz, options.three_way), bool(args.only)
+            ),
+            before_replace=refuse_lost_work,
+            reuse=not args.rebuild,
         )
     except (apply.ApplyError, sources.SourceError) as exc:
         output.error(str(exc))
@@ -157,6 +174,8 @@ def _run(args: argparse.Namespace, proj: project.Project, target: Path) -> int:
 
 def base_upstream(spec: str | None, the_lock: lock.Lock, store: Store, upstream: sources.Upstream) -> sources.Upstream:
     """The upstream the series was written for (obtained only when needed: it may download)."""
+    from vllm_overlay import sources
+
     if spec is None and upstream.kind == "locked":
         return upstream
     return sources.obtain(spec, the_lock, store)
@@ -170,6 +189,9 @@ def note_target_drift(
     upstream: sources.Upstream,
 ) -> None:
     """Warn, for each patch that applied, about Targets whose AST differs from the locked upstream."""
+    from vllm_overlay import apply, rebase
+    from vllm_overlay.audit import DRIFTING
+
     drift = rebase.drift_by_patch(store, locked, upstream, patches)
     for patch_result in result.results:
         changed = [d for d in drift.get(patch_result.name, []) if d.drift in DRIFTING]

@@ -28,9 +28,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vllm_overlay import indexes, lock, output, project, rebase, report, series, sources
-from vllm_overlay.audit import Decision, markdown
-from vllm_overlay.store import Store
+from vllm_overlay import indexes, output, project
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,6 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vllm_overlay import lock, rebase, report, series, sources
+    from vllm_overlay.audit import Decision, markdown
+    from vllm_overlay.store import Store
+
     proj = project.from_args(args)
     try:
         the_lock = lock.load(proj.lock_file)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from vllm_overlay import engine, image, lock, output, project, series
+from vllm_overlay import engine, output, project
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -83,6 +83,8 @@ def _mb(size: int | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vllm_overlay import image, lock, series
+
     proj = project.from_args(args)
     step = iter(range(1, 7))
     total = 2 if args.stage_only else 6

@@ -28,8 +28,7 @@ import argparse
 import shutil
 from pathlib import Path
 
-from vllm_overlay import bump, cli, indexes, interrupts, lock, output, project, series, sources
-from vllm_overlay.store import Store
+from vllm_overlay import cli, indexes, output, project
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,6 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vllm_overlay import bump, interrupts
+
     proj = project.from_args(args)
     repo_dir = (args.repo or proj.build / "bump").resolve()
     existed = repo_dir.exists()
@@ -70,6 +71,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, proj: project.Project, repo_dir: Path) -> int:
+    from vllm_overlay import bump, lock, series, sources
+    from vllm_overlay.store import Store
+
     store = Store()
     if sum([bool(args.version), args.resume, args.abort]) != 1:
         output.error("give exactly one of: VERSION, --continue, --abort")

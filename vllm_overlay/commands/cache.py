@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import argparse
 
-from vllm_overlay import cache, envs, lock, output, project
-from vllm_overlay.store import Store
+from vllm_overlay import output, project
 
 GB = 1000**3
 
@@ -39,6 +38,9 @@ def _size(size: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vllm_overlay import cache, envs, lock
+    from vllm_overlay.store import Store
+
     proj = project.from_args(args)
     try:
         the_lock = lock.load(proj.lock_file)

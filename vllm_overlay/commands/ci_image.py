@@ -8,10 +8,10 @@ from __future__ import annotations
 import argparse
 import os
 
-from vllm_overlay import image_ci, project
-from vllm_overlay.commands import build_image
+from vllm_overlay import project
+from vllm_overlay.commands import build_image, docstring_of
 
-__doc__ = image_ci.__doc__  # shown by --help (cli builds the verb's description from it)
+__doc__ = docstring_of("vllm_overlay.image_ci")  # shown by --help (cli builds the verb's description from it)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,6 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vllm_overlay import image_ci
+
     proj = project.from_args(args)
 
     def build(base: str, site: str, *extra: str, tag: str = image_ci.TAG, engine: tuple[str, ...] = ()) -> int:

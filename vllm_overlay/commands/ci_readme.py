@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from vllm_overlay import project, readme_ci
+from vllm_overlay import project
+from vllm_overlay.commands import docstring_of
 
-__doc__ = readme_ci.__doc__  # shown by --help
+__doc__ = docstring_of("vllm_overlay.readme_ci")  # shown by --help
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,6 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vllm_overlay import readme_ci
+
     options = readme_ci.Options(
         storage_driver=args.storage_driver, suite=args.suite, mirror=args.mirror, rebuild_base=args.rebuild_base
     )

@@ -24,7 +24,7 @@ import contextlib
 import sys
 from pathlib import Path
 
-from vllm_overlay import export, image, interrupts, lock, output, project, series, staging
+from vllm_overlay import output, project
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,6 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vllm_overlay import staging
+
     proj = project.from_args(args)
     repo_dir = (args.repo or proj.patched_tree).resolve()
     if not repo_dir.is_dir():
@@ -64,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace, proj: project.Project, repo_dir: Path) -> int:
+    from vllm_overlay import export, interrupts, lock, series, staging
+
     try:
         if not args.allow_other_upstream:
             export.check_locked_upstream(repo_dir, lock.load(proj.lock_file).version)
@@ -100,6 +104,8 @@ def _export(args: argparse.Namespace, proj: project.Project, repo_dir: Path) -> 
 
 def refresh_dockerfile(proj: project.Project) -> None:
     """Sync the Dockerfile's generated parts after patches/ changed; a warning (not a failure) if it cannot."""
+    from vllm_overlay import image, lock, series  # image (and its SBOM library) only when writing
+
     try:
         lines = image.refresh_project_dockerfile(proj, lock.load(proj.lock_file), series.load_series(proj.patches))
     except (lock.LockError, series.SeriesError, image.ImageError) as exc:

@@ -20,9 +20,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import git
-
-from vllm_overlay import export, lint, output, project, upstream_style
+from vllm_overlay import output, project
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,6 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vllm_overlay import lint
+
     proj = project.from_args(args)
     problems = lint.lint(proj.root, proj.patches, args.tree)
     for problem in problems:
@@ -56,6 +56,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _upstream_style(tree: Path) -> int:
+    import git
+
+    from vllm_overlay import export, upstream_style
+
     try:
         base = export.upstream_base(git.Repo(tree))
         report = upstream_style.check(tree, base)

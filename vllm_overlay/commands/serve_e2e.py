@@ -19,9 +19,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vllm_overlay import apply, carry, cpu_runtime, envs, image, lock, output, project, series, sources
-from vllm_overlay.e2e import layout, suite
-from vllm_overlay.store import Store
+from vllm_overlay import output, project
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,6 +56,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vllm_overlay import apply, carry, cpu_runtime, envs, image, lock, series, sources
+    from vllm_overlay.e2e import layout, suite
+    from vllm_overlay.store import Store
+
     root = project.from_args(args).root
     try:
         if args.range_diff:
@@ -103,6 +105,9 @@ def run(args: argparse.Namespace) -> int:
 
 def range_diff(root: Path) -> str:
     """Both series applied strictly onto their own trees, then ``git range-diff`` between them."""
+    from vllm_overlay import apply, carry, lock, series, sources
+    from vllm_overlay.store import Store
+
     store = Store()
     main = project.Project(root)
     main_lock = lock.load(main.lock_file)

@@ -23,7 +23,8 @@ then the tool tests (tests/tool).
 The test environment (vllm==<locked version>, pytest, pytest-timeout, tblib, hypothesis and the
 tool's dependencies) is built on first use in the cache (~3 min, ~10 GB) and reused while
 upstream.lock and the pins are unchanged; before every run the installed vllm is proven pristine
-against its wheel's RECORD (rebuilt if not). --env DIR / $VLLM_OVERLAY_ENV use another one.
+against its wheel's RECORD (rebuilt if not): in full once, then re-hashing only the files whose
+stat (size, mtime, ctime, inode) changed since. --env DIR / $VLLM_OVERLAY_ENV use another one.
 
 Exit codes: 0 every check passed; 1 a patch failed (apply, red, green or upstream tests), or the
 full-series or tool tests failed; 2 usage, input or environment error; 130 interrupted.
@@ -33,26 +34,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from vllm_overlay import (
-    apply,
-    envs,
-    indexes,
-    junit,
-    lock,
-    output,
-    project,
-    report,
-    series,
-    shadow,
-    sources,
-    staging,
-    testrun,
-)
-from vllm_overlay.store import Store
+from vllm_overlay import indexes, output, project
+
+if TYPE_CHECKING:
+    from vllm_overlay import testrun
+
+# The environment override (vllm_overlay.envs.ENV_VAR: named here so --help need not import envs).
+ENV_VAR = "VLLM_OVERLAY_ENV"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -81,7 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         default=None,
         metavar="DIR",
-        help=f"use this virtual environment instead of the cached one (also ${envs.ENV_VAR}); never modified",
+        help=f"use this virtual environment instead of the cached one (also ${ENV_VAR}); never modified",
     )
     parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the machine-readable report")
     parser.add_argument("--junit", type=Path, default=None, metavar="FILE", help="write a JUnit XML report")
@@ -89,8 +83,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--jobs",
         "-j",
         type=int,
-        default=testrun.default_jobs(),
-        help="pytest processes at once (default: one per core, at most 4: %(default)s here)",
+        default=None,
+        help=f"pytest processes at once (default: one per core, at most 4: {max(1, min(os.cpu_count() or 1, 4))} here)",
     )
     parser.add_argument(
         "--timeout",
@@ -127,6 +121,10 @@ WORKDIR_NAMES = frozenset(
 
 
 def run(args: argparse.Namespace) -> int:
+    from vllm_overlay import staging, testrun
+
+    if args.jobs is None:
+        args.jobs = testrun.default_jobs()
     if args.jobs < 1 or args.timeout < 1 or args.run_timeout < 1:
         output.error("--jobs, --timeout and --run-timeout must be positive")
         return 2
@@ -146,6 +144,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, proj: project.Project, workdir: Path, started: float) -> int:
+    from vllm_overlay import apply, apply_record, envs, lock, report, series, shadow, sources, testrun
+    from vllm_overlay.store import Store
+
     store = Store()
     try:
         the_lock = lock.load(proj.lock_file)
@@ -182,6 +183,8 @@ def _run(args: argparse.Namespace, proj: project.Project, workdir: Path, started
             lambda dest: sources.checkout(store, upstream, dest),
             patched,
             apply.Options(),
+            # Unchanged since the last run: answered from the tree's record, nothing rebuilt.
+            inputs=apply_record.inputs_for(the_lock, upstream, (False, False, False), False),
         )
     except apply.ApplyError as exc:
         output.error(str(exc))
@@ -241,6 +244,8 @@ def _run(args: argparse.Namespace, proj: project.Project, workdir: Path, started
 def _write_reports(
     args: argparse.Namespace, result: testrun.RunReport, apply_failures: list[tuple[str, str]], extra: dict
 ) -> None:
+    from vllm_overlay import junit, report, testrun
+
     if args.json:
         data = {**result.to_json(), **extra}
         if apply_failures:

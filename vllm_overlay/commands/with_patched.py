@@ -8,10 +8,12 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-
-import git
+from typing import TYPE_CHECKING
 
 from vllm_overlay import shadow
+
+if TYPE_CHECKING:
+    import git
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,6 +48,8 @@ def upstream_base(repo: git.Repo) -> str:
 
 def changed_package_files(tree: Path, base: str | None) -> list[str]:
     """Files of the tree that differ from the upstream revision, uncommitted edits included."""
+    import git
+
     repo = git.Repo(tree)
     if base is None:
         base = upstream_base(repo)

@@ -1,0 +1,272 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""The tool beside the hand way with git, job by job (issue 24): both medians and their ratio.
+
+Each job runs the tool's command and the equivalent plain git commands ALTERNATELY (tool, hand,
+tool, hand, ...) in one run, so both see the same machine load; the figures are medians of wall
+time and of CPU time (the process and every child it waited for: git included). Read the ratios:
+on a shared machine the seconds move with the load, which is printed with each job.
+
+Jobs (``--jobs``, default all):
+
+  startup      every verb's ``--help`` (the tool's slowest verb)  vs  ``git --version``
+  noop         ``apply-patches`` with nothing changed             vs  ``git status`` of the output
+  incremental  ``apply-patches`` after the last patch changed     vs  ``git reset --hard HEAD~1`` + ``git am`` of it
+  full         ``apply-patches`` into a new output                vs  ``git clone --shared`` + checkout + ``git am``
+  export       ``export-patches --check``                         vs  ``git format-patch --stdout`` of the range
+  lint         ``lint-patches``                                   vs  (no hand way: absolute figures)
+
+Everything runs on a copy of the project's patches/ and upstream.lock in a scratch directory (the
+incremental job edits the copy's last patch); the upstream comes from the tool's cache (run
+scripts/apply-patches once first). Example::
+
+    .venv/bin/python benchmarks/speed_tool_vs_git.py --repeat 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PYTHON = REPO / ".venv" / "bin" / "python"
+TOOL = [str(PYTHON if PYTHON.exists() else Path(sys.executable)), "-m", "vllm_overlay.cli"]
+VERBS = (
+    "apply-patches",
+    "export-patches",
+    "lint-patches",
+    "bump",
+    "audit-upstream",
+    "test-patches",
+    "with-patched-vllm",
+    "build-image",
+    "verify-install",
+    "cache",
+    "serve-e2e",
+    "ci-image",
+    "ci-readme",
+)
+IDENTITY = {"GIT_AUTHOR_NAME": "bench", "GIT_AUTHOR_EMAIL": "bench@invalid"}
+IDENTITY |= {"GIT_COMMITTER_NAME": "bench", "GIT_COMMITTER_EMAIL": "bench@invalid"}
+
+
+def measured(argv: list[str], cwd: Path | None = None) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the process and its waited-for children) of one command."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    subprocess.run(argv, cwd=cwd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def sequence(steps: list[list[str]], cwd: Path | None = None) -> tuple[float, float]:
+    total_wall = total_cpu = 0.0
+    for step in steps:
+        wall, cpu = measured(step, cwd)
+        total_wall, total_cpu = total_wall + wall, total_cpu + cpu
+    return total_wall, total_cpu
+
+
+def series_files(project: Path) -> list[str]:
+    lines = (project / "patches" / "series").read_text().splitlines()
+    return [str(project / "patches" / line.strip()) for line in lines if line.strip() and not line.startswith("#")]
+
+
+def store_repo() -> Path:
+    cache = os.environ.get("VLLM_OVERLAY_CACHE") or str(
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vllm-overlay"
+    )
+    return Path(cache) / "upstreams.git"
+
+
+def upstream_tag(project: Path) -> str:
+    import tomllib
+
+    return "upstream/" + tomllib.loads((project / "upstream.lock").read_text())["upstream"]["version"]
+
+
+class Bench:
+    def __init__(self, scratch: Path, repeat: int) -> None:
+        self.scratch = scratch
+        self.repeat = repeat
+        self.project = scratch / "project"
+        (self.project / "patches").mkdir(parents=True)
+        shutil.copytree(REPO / "patches", self.project / "patches", dirs_exist_ok=True)
+        shutil.copy(REPO / "upstream.lock", self.project / "upstream.lock")
+        shutil.copytree(REPO / "tests" / "patches", self.project / "tests" / "patches")
+        self.out = scratch / "patched"
+        self.rows: list[tuple[str, str, str, list[tuple[float, float]], list[tuple[float, float]]]] = []
+
+    def tool(self, *args: str) -> list[str]:
+        return [*TOOL, *args, "--project", str(self.project)]
+
+    def job(
+        self,
+        name: str,
+        tool_label: str,
+        hand_label: str,
+        tool_run: Callable[[], tuple[float, float]],
+        hand_run: Callable[[], tuple[float, float]] | None,
+        before_tool: Callable[[], None] = lambda: None,
+        before_hand: Callable[[], None] = lambda: None,
+    ) -> None:
+        tool_times, hand_times = [], []
+        for _ in range(self.repeat):
+            before_tool()
+            tool_times.append(tool_run())
+            if hand_run is not None:
+                before_hand()
+                hand_times.append(hand_run())
+        self.rows.append((name, tool_label, hand_label, tool_times, hand_times))
+        print(render_row(self.rows[-1]), flush=True)
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def render_row(row: tuple[str, str, str, list[tuple[float, float]], list[tuple[float, float]]]) -> str:
+    name, tool_label, hand_label, tool_times, hand_times = row
+    tw, tc = median([w for w, _ in tool_times]), median([c for _, c in tool_times])
+    load = os.getloadavg()[0]
+    text = f"{name:<12} tool  {tw:7.3f} s wall {tc:7.3f} s CPU   ({tool_label})\n"
+    if hand_times:
+        hw, hc = median([w for w, _ in hand_times]), median([c for _, c in hand_times])
+        text += f"{'':<12} hand  {hw:7.3f} s wall {hc:7.3f} s CPU   ({hand_label})\n"
+        text += f"{'':<12} ratio {tw / hw:7.2f}x wall {tc / hc if hc else float('inf'):7.2f}x CPU"
+    else:
+        text += f"{'':<12} (no hand way)"
+    return text + f"   [n={len(tool_times)}, load average {load:.2f}]"
+
+
+def run(jobs: list[str], repeat: int) -> None:
+    with tempfile.TemporaryDirectory(prefix="vllm-overlay-speed-") as tmp:
+        bench = Bench(Path(tmp), repeat)
+        project, out = bench.project, bench.out
+        tag = upstream_tag(project)
+        hand = bench.scratch / "hand"
+        files = series_files(project)
+
+        def hand_full() -> tuple[float, float]:
+            return sequence(
+                [
+                    ["git", "clone", "-q", "--shared", "--no-checkout", str(store_repo()), str(hand)],
+                    ["git", "-C", str(hand), "checkout", "-q", "-B", "patched", tag],
+                    ["git", "-C", str(hand), "am", "-q", "--keep-cr", *files],
+                ]
+            )
+
+        def remove(path: Path) -> Callable[[], None]:
+            return lambda: shutil.rmtree(path, ignore_errors=True)
+
+        # The output both the no-op and the incremental jobs start from; the hand clone beside it.
+        subprocess.run(bench.tool("apply-patches", "-o", str(out)), check=True, capture_output=True, env=ENV)
+        remove(hand)()
+        hand_full()
+        if "startup" in jobs:
+            slowest: list[str] = []
+
+            def tool_help() -> tuple[float, float]:
+                times = [measured([*TOOL, verb, "--help"]) for verb in VERBS]
+                worst = max(range(len(times)), key=lambda i: times[i][1])
+                slowest.append(VERBS[worst])
+                return times[worst]
+
+            bench.job(
+                "startup",
+                "slowest VERB --help of all verbs",
+                "git --version",
+                tool_help,
+                lambda: measured(["git", "--version"]),
+            )
+            print(f"{'':<12} slowest verbs: {', '.join(sorted(set(slowest)))}")
+        if "noop" in jobs:
+            bench.job(
+                "noop",
+                "apply-patches, nothing changed",
+                "git status of the output",
+                lambda: measured(bench.tool("apply-patches", "-o", str(out))),
+                lambda: measured(["git", "-C", str(out), "status"]),
+            )
+        if "incremental" in jobs:
+            last = Path(files[-1])
+            original = last.read_bytes()
+            # A reworded Description: the message and the trailer block stay well formed.
+            variants = [original, original.replace(b"\nDescription: ", b"\nDescription: (reworded) ", 1)]
+            assert variants[1] != original
+            state = {"tool": 0, "hand": 0}
+
+            def flip(who: str) -> Callable[[], None]:
+                def step() -> None:
+                    state[who] = 1 - state[who]
+                    last.write_bytes(variants[state[who]])
+
+                return step
+
+            def hand_incremental() -> tuple[float, float]:
+                return sequence(
+                    [
+                        ["git", "-C", str(hand), "reset", "-q", "--hard", "HEAD~1"],
+                        ["git", "-C", str(hand), "am", "-q", "--keep-cr", str(last)],
+                    ]
+                )
+
+            bench.job(
+                "incremental",
+                "apply-patches after the last patch changed",
+                "git reset --hard HEAD~1 + git am of the last patch",
+                lambda: measured(bench.tool("apply-patches", "-o", str(out))),
+                hand_incremental,
+                before_tool=flip("tool"),
+                before_hand=flip("hand"),
+            )
+            last.write_bytes(original)
+            subprocess.run(bench.tool("apply-patches", "-o", str(out)), check=True, capture_output=True, env=ENV)
+        if "full" in jobs:
+            fresh = bench.scratch / "fresh"
+            bench.job(
+                "full",
+                "apply-patches into a new output",
+                "git clone --shared + git checkout + git am of the series",
+                lambda: measured(bench.tool("apply-patches", "-o", str(fresh))),
+                hand_full,
+                before_tool=remove(fresh),
+                before_hand=remove(hand),
+            )
+        if "export" in jobs:
+            bench.job(
+                "export",
+                "export-patches --check",
+                "git format-patch --stdout of the range",
+                lambda: measured(bench.tool("export-patches", "--check", "--repo", str(out))),
+                lambda: measured(["git", "-C", str(out), "format-patch", "--stdout", f"{tag}..HEAD"]),
+            )
+        if "lint" in jobs:
+            bench.job("lint", "lint-patches", "", lambda: measured(bench.tool("lint-patches")), None)
+
+
+ENV = dict(os.environ, **IDENTITY)
+ENV["PYTHONPATH"] = str(REPO) + (os.pathsep + ENV["PYTHONPATH"] if ENV.get("PYTHONPATH") else "")
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeat", type=int, default=5, help="runs of each side per job (default 5)")
+    parser.add_argument(
+        "--jobs",
+        default="startup,noop,incremental,full,export,lint",
+        help="comma-separated jobs (default: all): startup,noop,incremental,full,export,lint",
+    )
+    options = parser.parse_args()
+    git_version = subprocess.run(["git", "--version"], capture_output=True, text=True).stdout.split()[-1]
+    print(f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}; {os.cpu_count()} cores; git {git_version}")
+    run(options.jobs.split(","), options.repeat)

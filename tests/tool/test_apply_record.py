@@ -1,0 +1,160 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Re-applies that reuse what the output holds: unchanged (nothing rebuilt), incremental (k..n only).
+
+Every reuse must give the tree a full apply gives (same commit ids), and anything done to the
+output by hand must make the run build from upstream as before.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import git
+
+from tests.tool.conftest import IDENTITY, replace_line
+from vllm_overlay import apply_record, cli, linkcopy
+
+
+def change(line: int, to: int):
+    return lambda tree: replace_line(tree / "vllm" / "core.py", f"line_{line} = {line}\n", f"line_{line} = {to}\n")
+
+
+def apply(project: Path, upstream: Path, output: Path, *extra: str) -> dict:
+    report = project / "report.json"
+    where = ["--project", str(project), "--upstream", str(upstream), "-o", str(output)]
+    code = cli.main(["apply-patches", *where, "--json", str(report), *extra])
+    data = json.loads(report.read_text())
+    data["code"] = code
+    return data
+
+
+def series_of(make_patch, upstream: Path, count: int = 3) -> list[Path]:
+    """``count`` stacked patches: patch i sets line 5(i+1) to 100+i."""
+    return [
+        make_patch(upstream, change(5 * (i + 1), 100 + i), f"core: change line {5 * (i + 1)}") for i in range(count)
+    ]
+
+
+def test_an_unchanged_re_apply_rebuilds_nothing_and_reports_the_recorded_statuses(
+    project, make_patch, upstream_dir, store_env, tmp_path
+):
+    series_of(make_patch, upstream_dir)
+    out = tmp_path / "out"
+    first = apply(project, upstream_dir, out)
+    assert first["code"] == 0 and not first["unchanged"]
+    inode = out.stat().st_ino  # a rebuild publishes a new directory (another inode) at the path
+    again = apply(project, upstream_dir, out)
+    assert again["code"] == 0 and again["unchanged"] and again["published"]
+    assert out.stat().st_ino == inode
+    assert [p["status"] for p in again["patches"]] == [p["status"] for p in first["patches"]]
+    assert [p["commit"] for p in again["patches"]] == [p["commit"] for p in first["patches"]]
+
+
+def test_any_hand_change_to_the_output_is_rebuilt_from_upstream(project, make_patch, upstream_dir, store_env, tmp_path):
+    series_of(make_patch, upstream_dir)
+    out = tmp_path / "out"
+    apply(project, upstream_dir, out)
+    head = git.Repo(out).head.commit.hexsha
+    core = out / "vllm" / "core.py"
+    pristine = core.read_text()
+
+    def edited(change) -> dict:
+        change()
+        return apply(project, upstream_dir, out, "--discard-unexported")
+
+    for name, hand_change in {
+        "edit": lambda: core.write_text(pristine + "x = 1\n"),
+        "new file": lambda: (out / "vllm" / "scratch.py").write_text("y = 2\n"),
+        "staged": lambda: (core.write_text(pristine + "z = 3\n"), git.Repo(out).git.add("vllm/core.py")),
+        "deleted": lambda: core.unlink(),
+        "other branch": lambda: git.Repo(out).git.checkout("-q", "-b", "mine"),
+    }.items():
+        result = edited(hand_change)
+        assert result["code"] == 0 and not result["unchanged"], name
+        assert core.read_text() == pristine and not (out / "vllm" / "scratch.py").exists(), name
+        assert git.Repo(out).head.commit.hexsha == head and git.Repo(out).active_branch.name == "patched", name
+        assert apply(project, upstream_dir, out)["unchanged"], name  # rebuilt: reusable again
+
+    # A commit made by hand: HEAD is not the recorded one.
+    repo = git.Repo(out)
+    with repo.git.custom_environment(**IDENTITY):
+        repo.git.commit("--allow-empty", "-qm", "mine")
+    assert apply(project, upstream_dir, out, "--discard-unexported")["unchanged"] is False
+    assert git.Repo(out).head.commit.hexsha == head
+
+
+def test_other_inputs_are_never_answered_from_the_record(project, make_patch, upstream_dir, store_env, tmp_path):
+    series_of(make_patch, upstream_dir, 1)
+    out = tmp_path / "out"
+    apply(project, upstream_dir, out)
+    assert apply(project, upstream_dir, out, "--allow-offset")["unchanged"] is False  # other options
+    assert apply(project, upstream_dir, out, "--allow-offset")["unchanged"] is True
+    lock = project / "upstream.lock"
+    lock.write_text(lock.read_text().replace(':v0.33.0"', ':v0.33.0-local"', 1))
+    relocked = apply(project, upstream_dir, out, "--allow-offset")
+    assert relocked["code"] == 0 and relocked["unchanged"] is False  # a lock that says something else
+    record = apply_record.load(out)
+    assert record is not None and record["head"] == git.Repo(out).head.commit.hexsha
+
+
+def test_after_patch_k_changed_only_k_to_n_are_re_applied_and_the_tree_is_a_full_applys(
+    project, make_patch, upstream_dir, store_env, tmp_path
+):
+    patches = series_of(make_patch, upstream_dir, 3)
+    out = tmp_path / "out"
+    apply(project, upstream_dir, out)
+    before = apply_record.load(out)
+    second = patches[1]
+    second.write_bytes(second.read_bytes().replace(b"\n---\n", b"\nReworded.\n---\n", 1))
+    result = apply(project, upstream_dir, out)
+    assert result["code"] == 0 and not result["unchanged"] and result["published"]
+    assert result["patches"][0]["commit"] == before["results"][0]["commit"]  # reused
+    assert result["patches"][1]["commit"] != before["results"][1]["commit"]  # re-applied
+    assert "Reworded." in git.Repo(out).commit(result["patches"][1]["commit"]).message
+    full = tmp_path / "full"
+    reference = apply(project, upstream_dir, full)
+    assert [p["commit"] for p in reference["patches"]] == [p["commit"] for p in result["patches"]]
+    assert git.Repo(out).head.commit.tree.hexsha == git.Repo(full).head.commit.tree.hexsha
+    assert git.Repo(out).git.status("--porcelain") == ""
+    assert apply(project, upstream_dir, out)["unchanged"]
+
+
+def test_a_refused_patch_after_the_reused_prefix_leaves_the_output_as_it_was(
+    project, make_patch, upstream_dir, store_env, tmp_path
+):
+    patches = series_of(make_patch, upstream_dir, 2)
+    out = tmp_path / "out"
+    apply(project, upstream_dir, out)
+    head = git.Repo(out).head.commit.hexsha
+    # The last patch now needs a line upstream does not have: it conflicts.
+    text = patches[1].read_text().replace("-line_10 = 10", "-line_10 = 99")
+    patches[1].write_text(text)
+    result = apply(project, upstream_dir, out)
+    assert result["code"] == 1 and not result["published"]
+    assert git.Repo(out).head.commit.hexsha == head
+    assert "line_10 = 101" in (out / "vllm" / "core.py").read_text()
+
+
+def test_a_link_copy_is_never_written_through_by_git(tmp_path):
+    source = tmp_path / "source"
+    source.mkdir()
+    subprocess.run(["git", "init", "-q", str(source)], check=True)
+    (source / "f.txt").write_text("one\n")
+    env = {**os.environ, "GIT_AUTHOR_NAME": "a", "GIT_AUTHOR_EMAIL": "a@a", "GIT_COMMITTER_NAME": "a"}
+    env["GIT_COMMITTER_EMAIL"] = "a@a"
+    subprocess.run(["git", "-C", str(source), "add", "-A"], check=True)
+    subprocess.run(["git", "-C", str(source), "commit", "-qm", "1"], check=True, env=env)
+    (source / "f.txt").write_text("two\n")
+    subprocess.run(["git", "-C", str(source), "commit", "-qam", "2"], check=True, env=env)
+    copy = tmp_path / "copy"
+    linkcopy.link_copy(source, copy)
+    assert (copy / "f.txt").stat().st_ino == (source / "f.txt").stat().st_ino  # shared
+    assert not (copy / ".git" / "index").samefile(source / ".git" / "index")  # copied
+    subprocess.run(["git", "-C", str(copy), "reset", "-q", "--hard", "HEAD~1"], check=True)
+    assert (copy / "f.txt").read_text() == "one\n" and (source / "f.txt").read_text() == "two\n"
+    subprocess.run(["git", "-C", str(copy), "commit", "-q", "--allow-empty", "-m", "3"], check=True, env=env)
+    assert git.Repo(source).head.commit.message.strip() == "2"

@@ -1,0 +1,160 @@
+"""What an apply published, recorded in the tree itself, so an unchanged re-apply answers at once.
+
+Every tree apply-patches publishes carries ``.git/vllm-overlay-applied.json``: the inputs it was
+built from (the lock file's sha256, the upstream's import commit and sdist sha256, each patch's
+name and the sha256 of the exact mail git read, the accepted statuses, the sources of the apply
+engine itself) and what came out (each patch's status and commit, HEAD, HEAD's tree id, the
+branch). It is written into the staging clone before the one-step publish, so it is published
+with the tree or not at all.
+
+A later run with the same inputs may skip the rebuild only when the output is still exactly what
+was published: HEAD, its tree and the branch as recorded, the published marker's head unchanged,
+and ``git status`` showing nothing (no staged, unstaged or untracked change; ignored files, such
+as ``__pycache__/``, are not the tree's). Anything else, a hand edit included, rebuilds as before.
+A record that differs in any input also tells how many leading patches are still the same
+(``same_prefix``): the incremental re-apply reuses their commits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import git
+
+from vllm_overlay import atomicfile
+from vllm_overlay import lock as lockfile
+from vllm_overlay.classify import HunkNote, PatchResult, Status
+from vllm_overlay.lock import Lock
+from vllm_overlay.series import Patch, as_git_am_reads
+from vllm_overlay.sources import Upstream
+
+RECORD_FILE = "vllm-overlay-applied.json"
+FORMAT = 1
+BRANCH = "patched"
+# The modules whose code decides what a tree holds: a record made by other code is not reused.
+_ENGINE_MODULES = (
+    *("apply.py", "apply_record.py", "classify.py", "linkcopy.py"),
+    *("paths.py", "series.py", "sources.py", "staging.py"),
+)
+
+
+def engine_digest() -> str:
+    """sha256 over the sources of the apply engine (a changed tool never trusts an old record)."""
+    digest = hashlib.sha256()
+    here = Path(__file__).resolve().parent
+    for name in _ENGINE_MODULES:
+        digest.update(name.encode() + b"\0" + (here / name).read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def mail_digest(patch: Patch) -> str:
+    """sha256 of the patch's mail exactly as git reads it (``series.as_git_am_reads``)."""
+    return hashlib.sha256(as_git_am_reads(patch.raw)).hexdigest()
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """Everything besides the patches that decides the tree an apply builds."""
+
+    lock_sha256: str
+    upstream: dict[str, object]  # Upstream.to_json(): kind, label, import commit, sdist sha256, ...
+    options: tuple[bool, bool, bool]  # allow_offset, allow_fuzz, three_way
+    partial: bool
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "format": FORMAT,
+            "engine": engine_digest(),
+            "lock_sha256": self.lock_sha256,
+            "upstream": self.upstream,
+            "options": list(self.options),
+            "partial": self.partial,
+        }
+
+
+def inputs_for(the_lock: Lock, upstream: Upstream, options: tuple[bool, bool, bool], partial: bool) -> Inputs:
+    """The inputs of a run: the lock as the tool read it (its canonical text), the verified upstream."""
+    return Inputs(hashlib.sha256(lockfile.render(the_lock).encode()).hexdigest(), upstream.to_json(), options, partial)
+
+
+def write(tree: Path, inputs: Inputs, patches: list[Patch], results: list[PatchResult]) -> None:
+    """Record, in ``tree``'s git directory, what it was built from and holds (call before publishing)."""
+    repo = git.Repo(tree)
+    head = repo.head.commit
+    data = {
+        **inputs.to_json(),
+        "patches": [{"name": p.name, "mail_sha256": mail_digest(p)} for p in patches],
+        "results": [r.to_json() for r in results],
+        "head": head.hexsha,
+        "tree": head.tree.hexsha,
+        "branch": BRANCH,
+    }
+    atomicfile.write_bytes(tree / ".git" / RECORD_FILE, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
+
+
+def load(tree: Path) -> dict | None:
+    """The record of ``tree`` (None: none, or one this version cannot read)."""
+    try:
+        data = json.loads((tree / ".git" / RECORD_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("format") == FORMAT else None
+
+
+def same_inputs(record: dict, inputs: Inputs) -> bool:
+    return {k: record.get(k) for k in ("format", "engine", "lock_sha256", "upstream", "options", "partial")} == (
+        inputs.to_json()
+    )
+
+
+def same_prefix(record: dict, patches: list[Patch]) -> int:
+    """How many leading patches are byte for byte (name and mail) the ones the record's tree holds."""
+    count = 0
+    for recorded, patch in zip(record.get("patches", []), patches, strict=False):
+        if recorded != {"name": patch.name, "mail_sha256": mail_digest(patch)}:
+            break
+        count += 1
+    return count
+
+
+def results_of(record: dict) -> list[PatchResult]:
+    """The recorded results, as the apply that published the tree reported them."""
+    results = []
+    for item in record["results"]:
+        results.append(
+            PatchResult(
+                name=item["name"],
+                series=item["series"],
+                subject=item["subject"],
+                status=Status(item["status"]),
+                accepted=bool(item["accepted"]),
+                hunks=[HunkNote(**note) for note in item.get("hunks", [])],
+                detail=item.get("detail", ""),
+                commit=item.get("commit"),
+                warnings=list(item.get("warnings", [])),
+            )
+        )
+    return results
+
+
+def untouched(tree: Path, record: dict, published_head: str | None) -> bool:
+    """True when ``tree`` is exactly what was published with ``record``: nothing committed, staged,
+    edited or added since (one ``git rev-parse`` and one ``git status``)."""
+    head_file = tree / ".git" / "HEAD"
+    try:
+        if head_file.read_text(encoding="utf-8").strip() != f"ref: refs/heads/{record.get('branch')}":
+            return False
+    except OSError:
+        return False
+    if published_head != record.get("head"):
+        return False
+    repo = git.Repo(tree)
+    try:
+        head, tree_id = repo.git.rev_parse("HEAD", "HEAD^{tree}").split()
+        status = repo.git.status("--porcelain", "--untracked-files=all", "--no-renames")
+    except (git.GitCommandError, ValueError):
+        return False
+    return head == record.get("head") and tree_id == record.get("tree") and status == ""
