@@ -22,6 +22,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "verify-install": ("verify_install", "verify a site-packages against vllm's RECORD and an overlay manifest"),
     "cache": ("cache", "list the cache; --prune removes test environments no current lock uses"),
     "serve-e2e": ("serve_e2e", "end to end on CPU: real vLLM servers, pristine beside patched, scenarios side by side"),
+    "carry-cpu": ("carry_cpu", "carry patches/ onto the CPU runtime's release again (cpu/patches), reusing reviews"),
     "ci-image": ("ci_image", "CI: build the Dockerfile on a local stand-in base with buildah, then tamper tests"),
     "ci-readme": ("ci_readme", "CI: README command 1 as a new user on a Debian 12 stand-in, same build/patched"),
 }
