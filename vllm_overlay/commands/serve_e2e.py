@@ -51,6 +51,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--runtime-only", action="store_true", help="only build or verify the CPU runtime")
     parser.add_argument(
+        "--verdicts",
+        action="store_true",
+        help="keep a passing run's verdict in the cache, keyed by everything that decides it, and start no "
+        "server when one is kept (what CI runs; docs/e2e.md, 'In CI')",
+    )
+    parser.add_argument(
         "--allow-stale-carry",
         action="store_true",
         help="serve cpu/patches even though it was carried from another patches/ than today's (refused otherwise)",
@@ -82,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
                 tp=args.tp,
                 hang=args.hang,
                 base=not args.no_base,
+                verdicts=args.verdicts,
             ),
         )
     except (
