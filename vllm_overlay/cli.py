@@ -6,6 +6,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from vllm_overlay import indexes, output, report
 
@@ -53,7 +54,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "index_url", None):
         indexes.set_override(args.index_url)
     try:
-        report.check_destinations(**{name: getattr(args, name, None) for name in REPORT_OPTIONS})
+        # Only options that name a file: serve-e2e's --range-diff is a switch (it prints the diff).
+        destinations = {name: getattr(args, name, None) for name in REPORT_OPTIONS}
+        report.check_destinations(**{k: v for k, v in destinations.items() if isinstance(v, Path)})
         return int(args._module.run(args))
     except report.ReportPathError as exc:
         output.error(str(exc))

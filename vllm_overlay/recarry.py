@@ -177,6 +177,11 @@ def current_patch(repo: git.Repo) -> str | None:
     return _patch_file(final.read_text(encoding="utf-8")) if final.is_file() else None
 
 
+def fetch_previous(repo: git.Repo, previous: Path) -> None:
+    """Bring the earlier carry's objects into the bump repository (take_previous checks files out of them)."""
+    repo.git.fetch("-q", str(previous), f"+HEAD:{PREVIOUS_REF}")
+
+
 def take_previous(repo: git.Repo, old: git.Commit) -> None:
     """Resolve the stopped patch with the earlier carry's commit: its files and its message.
 
@@ -202,7 +207,7 @@ def _drive(paths: Paths, outcome: Outcome, resolved: bool = False) -> None:
     source = json.loads(paths.source.read_text(encoding="utf-8"))
     carried: dict[str, git.Commit] = {}
     if paths.previous.is_dir():
-        repo.git.fetch("-q", str(paths.previous), f"+HEAD:{PREVIOUS_REF}")  # its objects, for read-tree
+        fetch_previous(repo, paths.previous)
         carried = previous_commits(git.Repo(paths.previous))
     while bump.am_in_progress(repo):
         name = current_patch(repo)
