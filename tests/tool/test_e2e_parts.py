@@ -29,7 +29,7 @@ def test_plugin_line_names_the_process_that_did_not_log(tmp_path):
     log.write_text(PATCHED_LOG)
     result = scenarios.plugin_lines(_Logged(log), patched=True)
     assert not result.ok
-    assert "not by APIServer 10" in result.detail
+    assert "not proven in APIServer 10" in result.detail
     assert "EngineCore 20" in result.detail and "Worker 30" in result.detail
 
 
@@ -38,6 +38,40 @@ def test_plugin_line_passes_when_every_pid_logged(tmp_path):
     log.write_text("\n".join(line for line in PATCHED_LOG.splitlines() if not line.startswith("(APIServer")))
     assert scenarios.plugin_lines(_Logged(log), patched=True).ok
     assert not scenarios.plugin_lines(_Logged(log), patched=False).ok  # pristine must not log it
+
+
+def _children_log(tmp_path: Path, child_env: dict[str, str]) -> tuple[Path, list[subprocess.Popen]]:
+    """PATCHED_LOG with the engine core and worker pids of two real processes (their environ is read)."""
+    import os
+
+    procs = [
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env={**os.environ, **child_env})
+        for _ in range(2)
+    ]
+    log = tmp_path / "server.log"
+    log.write_text(PATCHED_LOG.replace("pid=20", f"pid={procs[0].pid}").replace("pid=30", f"pid={procs[1].pid}"))
+    return log, procs
+
+
+def test_the_api_server_is_proven_by_its_own_metric_only_where_no_child_shares_metrics(tmp_path):
+    log, procs = _children_log(tmp_path, {})
+    try:
+        assert not scenarios.plugin_lines(_Logged(log), patched=True, api_metric=False).ok
+        result = scenarios.plugin_lines(_Logged(log), patched=True, api_metric=True)
+        assert result.ok, result.detail
+        assert "APIServer 10: vllm_overlay_info on its own /metrics" in result.detail
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    shared_log, shared = _children_log(tmp_path, {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path)})
+    try:
+        result = scenarios.plugin_lines(_Logged(shared_log), patched=True, api_metric=True)
+        assert not result.ok and "the metric proves nothing" in result.detail
+    finally:
+        for proc in shared:
+            proc.kill()
+            proc.wait()
 
 
 def test_worker_pids_come_from_both_worker_names():

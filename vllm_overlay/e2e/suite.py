@@ -92,7 +92,7 @@ def server_scenarios(server: Server, patched: bool, clients: int, series_sha256:
     done.append(scenarios.streaming(server, clients, done[0].data["texts"]))
     done.append(scenarios.health(server, patched))
     done.append(scenarios.metrics(server, series_sha256 if patched else None))
-    done.append(scenarios.plugin_lines(server, patched))
+    done.append(scenarios.plugin_lines(server, patched, api_metric=patched and done[-1].ok))
     done.append(scenarios.worker_killed(server))  # destructive: last
     return done
 
