@@ -124,16 +124,31 @@ def tamper(spec: ServerSpec, site_packages: Path, relpath: str, log: Path, timeo
     return scenarios.Result("tamper", ok, detail, time.monotonic() - started)
 
 
+EXECUTE_TIMEOUT_S = 60  # VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS of the TP=2 probe: bounds a step whose reply never comes
+
+
 def tp_probe(python: Path, root: Path, model: Path, log: Path, timeout: float, reply_mib: int) -> dict:
-    """Run vllm_overlay.e2e.tp_probe in its own session; its process group is stopped on every exit."""
+    """Run vllm_overlay.e2e.tp_probe in its own session; its process group is stopped on every exit.
+
+    The model is the test model that fails on rank 1 once its trigger file exists (made by the
+    probe, last); the workers find it, and the probe's functions, through the plugin's PYTHONPATH.
+    """
+    from vllm_overlay.e2e.test_models import FAIL_ARCH, FAIL_TRIGGER_ENV
+
+    out = log.parent
+    trigger = out / f"{log.stem}.fail-trigger"
+    trigger.unlink(missing_ok=True)
+    model = make_arch_model(model, out / "fail-model", FAIL_ARCH)
     spec = ServerSpec(python=python, model=model, label="tp-probe", tensor_parallel=2)
     env = server_env(spec)
-    env["PYTHONPATH"] = str(root)  # the workers unpickle the probe's functions by module name
+    env["PYTHONPATH"] = plugin_path(root, out / "plugins")  # also how workers unpickle the probe's functions
+    env[FAIL_TRIGGER_ENV] = str(trigger)
+    env["VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"] = str(EXECUTE_TIMEOUT_S)
     # LLM.collective_rpc sends a function to the engine core; vLLM refuses to pickle one unless
     # this is set (its msgpack encoder has no function type).
     env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     command = ["nice", "-n", "10", str(python), "-m", "vllm_overlay.e2e.tp_probe", str(model)]
-    command += ["--reply-mib", str(reply_mib)]
+    command += ["--reply-mib", str(reply_mib), "--fail-trigger", str(trigger)]
     started = time.monotonic()
     with open(log, "wb") as handle:
         proc = subprocess.Popen(
@@ -145,6 +160,7 @@ def tp_probe(python: Path, root: Path, model: Path, log: Path, timeout: float, r
         code = None
     finally:
         stop_group(proc)
+        trigger.unlink(missing_ok=True)
     facts: dict = {"exit": code, "seconds": round(time.monotonic() - started, 1)}
     for line in reversed(log.read_text(encoding="utf-8", errors="replace").splitlines()):
         if line.startswith("{"):
@@ -191,6 +207,24 @@ def tp_results(facts: dict) -> list[scenarios.Result]:
         scenarios.Result(
             "tp2 generate after failure", bool(facts["generate_after_ok"]), str(facts["generate_after"])[:80], 0.0
         ),
+        scenarios.Result(
+            "tp2 prompt logprobs past 24 MiB",
+            bool(facts.get("logprobs_ok")),
+            f"~{facts.get('logprobs_mib')} MiB in one step's output; rounds "
+            + "; ".join(
+                r.get("error")
+                or f"{r['digest']} {'same' if r['same'] else 'DIFFERS'}{' ' + r['problem'] if r['problem'] else ''}"
+                for r in facts.get("logprobs") or []
+            ),
+            sum(float(r.get("seconds", 0.0)) for r in facts.get("logprobs") or []),
+        ),
+        scenarios.Result(
+            "tp2 rank 1 raises inside forward",
+            bool(facts.get("forward_failure_ok")),
+            f"{facts.get('forward_failure')} after {facts.get('forward_failure_s')}s; names the worker's error: "
+            f"{'yes' if facts.get('forward_failure_names_it') else 'no'}",
+            float(facts.get("forward_failure_s") or 0.0),
+        ),
     ]
 
 
@@ -202,12 +236,17 @@ def make_hang_model(model: Path, dest: Path) -> Path:
     """The tiny model's files with config.json naming the hanging test architecture."""
     from vllm_overlay.e2e.test_models import HANG_ARCH
 
+    return make_arch_model(model, dest, HANG_ARCH)
+
+
+def make_arch_model(model: Path, dest: Path, arch: str) -> Path:
+    """The tiny model's files with config.json naming a test architecture (vllm_overlay.e2e.test_models)."""
     dest.mkdir(parents=True, exist_ok=True)
     for source in model.iterdir():
         if source.is_file():
             (dest / source.name).write_bytes(source.read_bytes())
     config = json.loads((model / "config.json").read_text(encoding="utf-8"))
-    config["architectures"] = [HANG_ARCH]
+    config["architectures"] = [arch]
     (dest / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     return dest
 
@@ -307,10 +346,21 @@ def run(root: Path, options: Options) -> Outcome:
             outcome.results[label].append(result)
             output.info(f"[e2e]   {label} {result.name}: {'ok' if result.ok else 'FAILED'} ({result.detail})")
     if options.tp:
+        digests: dict[str, str | None] = {}
         for label, env in (("pristine", pristine), ("patched", patched)):
             with Timer(outcome, f"tp2 {label}"):
                 facts = tp_probe(env.python, root, model, out / f"tp2-{label}.log", options.tp_timeout, 64)
             outcome.results[label] += tp_results(facts)
+            digests[label] = facts.get("logprobs_digest")
+        same = digests["pristine"] is not None and digests["pristine"] == digests["patched"]
+        outcome.extra.append(
+            scenarios.Result(
+                "tp2 prompt logprobs identical",
+                same,
+                "pristine == patched, every position" if same else f"digests {digests}",
+                0.0,
+            )
+        )
     if options.tamper:
         relpath = sorted(staging.manifest["files"])[0]
         spec = ServerSpec(python=patched.python, model=model, label="patched (tampered)")
