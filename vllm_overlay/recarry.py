@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -290,6 +291,13 @@ def finish(root: Path, store: Store, outcome: Outcome) -> Outcome:
         raise RecarryError("patches/ changed while it was carried: --abort and start again")
     state = bump.BumpState.load(paths.repo)
     relocked = bump.new_lock(lock.load(paths.scratch / lock.LOCK_NAME), sources.Upstream(**state.upstream), store)  # type: ignore[arg-type]
+    undefined = undefined_names(paths.repo, state.upstream["commit"])
+    if undefined:
+        raise RecarryError(
+            "the carried tree uses names its release does not define (a 3-way took code that needs the "
+            "locked release's):\n  " + "\n  ".join(undefined) + "\nfix them in the bump repository "
+            f"({paths.repo}: amend the commit that brought each), then scripts/carry-cpu --continue"
+        )
     wanted = export.rendered(export.export_commits(paths.repo))
     for name in wanted:
         if name == series.SERIES_FILE:
@@ -315,6 +323,27 @@ def finish(root: Path, store: Store, outcome: Outcome) -> Outcome:
         atomicfile.write_bytes(where, text.encode("utf-8"))
         outcome.written.append(f"{carry.CARRY_DIR}/{carry.CARRIED_FROM}")
     return outcome
+
+
+def undefined_names(repo_dir: Path, base: str) -> list[str]:
+    """Undefined names (pyflakes' F821, via ruff) in the .py files the carried series changes.
+
+    A 3-way merge can take a patch's line that calls a helper only the locked release has; the
+    carried tree then fails only when that line runs. ruff's own defaults are ignored
+    (``--isolated``): only F821 is asked for, which pristine vLLM files do not raise.
+    """
+    import sys
+
+    changed = git.Repo(repo_dir).git.diff("--name-only", "--diff-filter=AM", base, "HEAD").split()
+    files = [name for name in changed if name.endswith(".py")]
+    if not files:
+        return []
+    done = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--isolated", "--select", "F821", "--output-format", "concise",
+         "--no-cache", *files],
+        cwd=repo_dir, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    return [line for line in done.stdout.splitlines() if ": F821 " in line]
 
 
 def _diff_part(text: bytes) -> bytes:

@@ -128,3 +128,16 @@ def test_the_committed_carry_is_of_todays_patches():
     from tests.tool.conftest import REPO_ROOT
 
     assert recarry.recorded_digests(REPO_ROOT) == recarry.file_digests(REPO_ROOT / "patches")
+
+
+def test_a_name_the_release_does_not_define_is_found_in_the_carried_files(tmp_path):
+    """A 3-way can take a line calling a helper only the locked release has (get_elastic_ep_rank_retired)."""
+    repo = _repo(tmp_path / "carried", {"mod.py": "def status():\n    return None\n", "other.py": "x = y\n"})
+    base = repo.head.commit.hexsha
+    (tmp_path / "carried" / "mod.py").write_text("def status():\n    if get_rank_retired():\n        return 1\n")
+    run_git(tmp_path / "carried", "commit", "-q", "-am", "carried")
+    found = recarry.undefined_names(tmp_path / "carried", base)
+    assert len(found) == 1 and "mod.py" in found[0] and "get_rank_retired" in found[0]  # other.py is not carried
+    (tmp_path / "carried" / "mod.py").write_text("def status():\n    return None\n")
+    run_git(tmp_path / "carried", "commit", "-q", "-am", "fixed")
+    assert recarry.undefined_names(tmp_path / "carried", base) == []
