@@ -41,6 +41,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="skip the one-server scenarios (completions, streaming, health, metrics, plugin line, worker kill)",
     )
     parser.add_argument(
+        "--streaming-input",
+        action="store_true",
+        help="also a streaming-input session idle between chunks, /health/progress asked meanwhile (two starts)",
+    )
+    parser.add_argument(
         "--hang", action="store_true", help="also the hung-step scenario (a test model whose step blocks; two starts)"
     )
     parser.add_argument(
@@ -87,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
                 out=args.out,
                 tp=args.tp,
                 hang=args.hang,
+                streaming_input=args.streaming_input,
                 base=not args.no_base,
                 verdicts=args.verdicts,
             ),

@@ -37,6 +37,7 @@ class Options:
     tamper: bool = True
     tp: bool = False
     hang: bool = False
+    streaming_input: bool = False  # a streaming-input session idle between chunks (one engine start each)
     base: bool = True  # the one-server scenarios (completions ... worker-sigkill)
     tp_timeout: float = 1200.0
     out: Path | None = None
@@ -251,6 +252,56 @@ def make_arch_model(model: Path, dest: Path, arch: str) -> Path:
     return dest
 
 
+STREAM_IDLE_S = 10.0  # the session's idle gap: longer than PROGRESS_TIMEOUT_S plus a report interval
+
+
+def streaming_input(
+    python: Path, root: Path, model: Path, log: Path, patched: bool, timeout: float
+) -> scenarios.Result:
+    """vllm_overlay.e2e.stream_probe in its own session (process group stopped on every exit), judged.
+
+    Patched: /health/progress 200 on every sample while the session idles past the progress timeout.
+    Pristine: the session finishes; /health/progress does not exist (404).
+    """
+    spec = ServerSpec(python=python, model=model, label="stream-probe")
+    env = server_env(spec)
+    env["PYTHONPATH"] = str(root)
+    env["VLLM_ENGINE_PROGRESS_TIMEOUT_SECONDS"] = str(PROGRESS_TIMEOUT_S)
+    command = ["nice", "-n", "10", str(python), "-m", "vllm_overlay.e2e.stream_probe", str(model)]
+    command += ["--idle", str(STREAM_IDLE_S)]
+    started = time.monotonic()
+    with open(log, "wb") as handle:
+        proc = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    try:
+        code = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        code = None
+    finally:
+        stop_group(proc)
+    seconds = time.monotonic() - started
+    facts: dict = {}
+    for line in reversed(log.read_text(encoding="utf-8", errors="replace").splitlines()):
+        if line.startswith("{"):
+            try:
+                facts = json.loads(line)
+                break
+            except ValueError:
+                continue
+    if code != 0 or "session_ok" not in facts:
+        return scenarios.Result("streaming-input idle", False, f"probe exit {code} after {seconds:.0f}s", seconds)
+    want = [200] if patched else [404]
+    ok = bool(facts["session_ok"]) and facts["idle_samples"] >= 5 and facts["idle_progress"] == want
+    ok = ok and facts["idle_health"] == [200]
+    detail = (
+        f"session {facts['session']}; {facts['idle_samples']} samples over the {STREAM_IDLE_S:.0f}s idle gap "
+        f"(progress timeout {PROGRESS_TIMEOUT_S:.0f}s): /health {facts['idle_health']}, "
+        f"/health/progress {facts['idle_progress']}; engine ready in {facts.get('ready_s')}s"
+    )
+    return scenarios.Result("streaming-input idle", ok, detail, seconds)
+
+
 def plugin_path(root: Path, dest: Path) -> str:
     """A PYTHONPATH on which vLLM's plugin loader finds the test models' entry point."""
     dist = dest / PLUGIN_DIST
@@ -343,6 +394,13 @@ def run(root: Path, options: Options) -> Outcome:
         for label, env, is_patched in (("pristine", pristine, False), ("patched", patched, True)):
             with Timer(outcome, f"hung-step {label}"):
                 result = hang_scenario(env.python, root, model, out, label, is_patched, options.ready_timeout)
+            outcome.results[label].append(result)
+            output.info(f"[e2e]   {label} {result.name}: {'ok' if result.ok else 'FAILED'} ({result.detail})")
+    if options.streaming_input:
+        for label, env, is_patched in (("pristine", pristine, False), ("patched", patched, True)):
+            with Timer(outcome, f"streaming-input {label}"):
+                log = out / f"stream-{label}.log"
+                result = streaming_input(env.python, root, model, log, is_patched, options.ready_timeout)
             outcome.results[label].append(result)
             output.info(f"[e2e]   {label} {result.name}: {'ok' if result.ok else 'FAILED'} ({result.detail})")
     if options.tp:
