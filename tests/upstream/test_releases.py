@@ -50,7 +50,9 @@ LOADER_ROWS = "loader-layouts/qwen4-exp-refuse-a-ple-table-whose-checkpoint-lack
 DRAFT_MOE = "moe-backend-fallback/fused-moe-let-an-unquantized-draft-moe-fall-back-from-the.patch"
 BYTES = "byte-accounting/platforms-size-hybrid-kv-pages-by-the-bytes-each-layer-holds.patch"
 OFFLOAD = "queue-event-ownership/simple-kv-offload-give-each-store-its-own-event-flush-queued.patch"
-FAILURE = "queue-event-ownership/executor-send-worker-failures-ahead-of-stuck-async-outputs.patch"
+REPLIES = "queue-event-ownership/executor-keep-each-worker-reply-with-its-own-rpc.patch"
+FAILURE = "queue-event-ownership/executor-send-worker-failures-ahead-of-other-ranks-replies.patch"
+ASYNC_FAILURE = "queue-event-ownership/executor-send-worker-failures-ahead-of-stuck-async-outputs.patch"
 PROGRESS = "queue-event-ownership/health-add-a-progress-check-that-fails-when-active-work.patch"
 
 # (status, decision, Targets reported as changed since 0.33.0, by AST)
@@ -68,12 +70,14 @@ OFFLOAD_INIT = {"vllm.v1.simple_kv_offload.worker:SimpleCPUOffloadWorker.__init_
 OFFLOAD_TARGETS = OFFLOAD_INIT | {
     "vllm.distributed.kv_transfer.kv_connector.v1.simple_cpu_offload_connector:SimpleCPUOffloadConnector.__init__"
 }
-EXECUTOR = {
-    "vllm.v1.executor.multiproc_executor:MultiprocExecutor.collective_rpc",
+# The executor failure work is three patches; each reports the changed targets it names.
+COLLECTIVE_RPC = {"vllm.v1.executor.multiproc_executor:MultiprocExecutor.collective_rpc"}
+ENQUEUE_OUTPUT = {"vllm.v1.executor.multiproc_executor:WorkerProc.enqueue_output"}
+EXECUTOR_MORE = {
     "vllm.v1.executor.multiproc_executor:WorkerProc.ResponseStatus",
-    "vllm.v1.executor.multiproc_executor:WorkerProc.enqueue_output",
     "vllm.v1.executor.multiproc_executor:WorkerProc._execute_worker_rpc",
 }
+EXECUTOR = COLLECTIVE_RPC | ENQUEUE_OUTPUT | EXECUTOR_MORE
 PROGRESS_TARGETS = {
     "vllm.v1.engine.core:DPEngineCoreProc.run_busy_loop",
     "vllm.v1.engine.core:EngineCoreProc.__init__",
@@ -111,7 +115,9 @@ OLDER = {  # the rows 0.31.0 and 0.30.0 share
     WORKSPACE: ("clean", "refresh", set()),  # refresh: flashinfer's wrapper API differs there
     DRAFT_MOE: ("conflict", "resolve", UNQUANTIZED_ORACLE),
     BYTES: ("conflict", "resolve", ALIGN),
+    REPLIES: ("conflict", "resolve", COLLECTIVE_RPC),
     FAILURE: ("conflict", "resolve", EXECUTOR),
+    ASYNC_FAILURE: ("conflict", "resolve", ENQUEUE_OUTPUT),
     PROGRESS: ("conflict", "resolve", PROGRESS_NOW | {"vllm.v1.engine:EngineCoreOutputs"}),
 }
 EXPECTED = {
@@ -143,7 +149,9 @@ EXPECTED = {
         DRAFT_MOE: ("conflict", "resolve", UNQUANTIZED_ORACLE),
         BYTES: ("conflict", "resolve", ALIGN),
         OFFLOAD: ("conflict", "resolve", OFFLOAD_TARGETS),
+        REPLIES: ("conflict", "resolve", COLLECTIVE_RPC),
         FAILURE: ("conflict", "resolve", EXECUTOR),
+        ASYNC_FAILURE: ("conflict", "resolve", ENQUEUE_OUTPUT),
         PROGRESS: ("conflict", "resolve", PROGRESS_NOW),
     },
 }
