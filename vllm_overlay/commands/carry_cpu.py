@@ -1,0 +1,56 @@
+"""Carry patches/ onto the CPU runtime's release again (cpu/patches), reusing reviewed resolutions.
+
+    scripts/carry-cpu              start: bump's git am --3way of patches/ onto cpu/upstream.lock's release
+    scripts/carry-cpu --continue   after resolving the patch it stopped at (git add the files there)
+    scripts/carry-cpu --abort      give up (cpu/ is written only when every patch is in)
+
+A patch whose file is the one the current carry was made from (its sha256 in cpu/carried-from),
+met on the same tree as its carried commit's parent, takes that carried commit: the resolution
+and the note a person reviewed. Any other patch goes through bump (a clean 3-way goes in, a
+conflict stops in build/carry-cpu/bump for a person, with rerere on). When every patch is in,
+cpu/patches, cpu/upstream.lock and cpu/carried-from are written; the patches carried anew are
+listed: say in each one's message what differs on the runtime's release. See docs/e2e.md.
+
+Exit codes: 0 carried; 1 stopped for a person or refused; 2 usage or input error.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from vllm_overlay import apply, bump, carry, lock, output, project, recarry, series, sources
+from vllm_overlay.store import Store
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    project.add_project_argument(parser)
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--continue", dest="resume", action="store_true", help="go on after resolving a stop")
+    group.add_argument("--abort", action="store_true", help="give up the carry in progress")
+
+
+def run(args: argparse.Namespace) -> int:
+    root = project.from_args(args).root
+    store = Store()
+    try:
+        if args.abort:
+            for line in recarry.abort(root):
+                output.info(line)
+            return 0
+        done = recarry.resume(root, store) if args.resume else recarry.start(root, store)
+    except recarry.NeedsPerson as exc:
+        output.error(str(exc).replace("scripts/bump --continue", "scripts/carry-cpu --continue").replace(
+            "scripts/bump --abort", "scripts/carry-cpu --abort"))  # fmt: skip
+        return 1
+    except (recarry.RecarryError, bump.BumpError, carry.CarryError) as exc:
+        output.error(str(exc))
+        return 1
+    except (lock.LockError, series.SeriesError, sources.SourceError, apply.ApplyError) as exc:
+        output.error(str(exc))
+        return 2
+    for name in done.reused:
+        output.result(f"reused from the earlier carry: {name}")
+    for name in done.anew:
+        output.result(f"carried anew (say in its message what differs on the runtime's release): cpu/patches/{name}")
+    output.result(f"{len(done.written)} file(s) of cpu/ changed: {', '.join(done.written) or 'none'}")
+    return 0
