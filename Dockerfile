@@ -106,8 +106,8 @@ ARG OVERLAY_UPSTREAM_VERSION="0.33.0"
 ARG OVERLAY_UPSTREAM_COMMIT="g4ba787ec9"
 ARG OVERLAY_SERIES_SHA256="75ce312a3be283c886b859e1e4eb38a4e26df4bc1e935475b1877045a72a67a9"
 ARG OVERLAY_SERIES="loader-layouts,route-sanitization,workspace-reuse,moe-backend-fallback,byte-accounting,queue-event-ownership"
-ARG OVERLAY_MANIFEST_SHA256="c0ad672d795a79b777af48e58d6ae0b56e6b18a4313593ea3a35b0935ba5e1de"
-ARG OVERLAY_SBOM_SHA256="2dd3084b09146a26f7ea56cdce8a8bfc31a5d7d96923d4826d423d351995f4cd"
+ARG OVERLAY_MANIFEST_SHA256="ae79a93e783c089938d01de2ae5a12b013c916906e06c0ef5a0afe28ae4e01fa"
+ARG OVERLAY_SBOM_SHA256="23fd0047bdf696b2984841708aefa744dd9a3a620b8aefb63ef3eaed0d4032b0"
 # <<< provenance defaults <<<
 # Last step: the image is what the manifest says and the labels say what the image carries, or the
 # build fails. Writes nothing.
