@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import argparse
 
-from vllm_overlay import apply, bump, carry, lock, output, project, recarry, series, sources
-from vllm_overlay.store import Store
+from vllm_overlay import output, project
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,6 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vllm_overlay import apply, bump, carry, lock, recarry, series, sources  # when run, not for --help
+    from vllm_overlay.store import Store
+
     root = project.from_args(args).root
     store = Store()
     try:
