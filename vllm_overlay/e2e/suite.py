@@ -150,6 +150,18 @@ def tp_probe(python: Path, root: Path, model: Path, log: Path, timeout: float, r
     env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     command = ["nice", "-n", "10", str(python), "-m", "vllm_overlay.e2e.tp_probe", str(model)]
     command += ["--reply-mib", str(reply_mib), "--fail-trigger", str(trigger)]
+    try:
+        code, seconds, found = run_probe(command, env, log, timeout)
+    finally:
+        trigger.unlink(missing_ok=True)
+    return {"exit": code, "seconds": round(seconds, 1), **found}
+
+
+def run_probe(command: list[str], env: dict[str, str], log: Path, timeout: float) -> tuple[int | None, float, dict]:
+    """Run a probe process (its own session, stopped by its group), then read its last JSON line.
+
+    Returns (exit code or None on timeout, seconds, the facts it printed: empty when none).
+    """
     started = time.monotonic()
     with open(log, "wb") as handle:
         proc = subprocess.Popen(
@@ -161,16 +173,14 @@ def tp_probe(python: Path, root: Path, model: Path, log: Path, timeout: float, r
         code = None
     finally:
         stop_group(proc)
-        trigger.unlink(missing_ok=True)
-    facts: dict = {"exit": code, "seconds": round(time.monotonic() - started, 1)}
+    seconds = time.monotonic() - started
     for line in reversed(log.read_text(encoding="utf-8", errors="replace").splitlines()):
         if line.startswith("{"):
             try:
-                facts.update(json.loads(line))
-                break
+                return code, seconds, json.loads(line)
             except ValueError:
                 continue
-    return facts
+    return code, seconds, {}
 
 
 def tp_results(facts: dict) -> list[scenarios.Result]:
@@ -269,26 +279,7 @@ def streaming_input(
     env["VLLM_ENGINE_PROGRESS_TIMEOUT_SECONDS"] = str(PROGRESS_TIMEOUT_S)
     command = ["nice", "-n", "10", str(python), "-m", "vllm_overlay.e2e.stream_probe", str(model)]
     command += ["--idle", str(STREAM_IDLE_S)]
-    started = time.monotonic()
-    with open(log, "wb") as handle:
-        proc = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-    try:
-        code = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        code = None
-    finally:
-        stop_group(proc)
-    seconds = time.monotonic() - started
-    facts: dict = {}
-    for line in reversed(log.read_text(encoding="utf-8", errors="replace").splitlines()):
-        if line.startswith("{"):
-            try:
-                facts = json.loads(line)
-                break
-            except ValueError:
-                continue
+    code, seconds, facts = run_probe(command, env, log, timeout)
     if code != 0 or "session_ok" not in facts:
         return scenarios.Result("streaming-input idle", False, f"probe exit {code} after {seconds:.0f}s", seconds)
     want = [200] if patched else [404]
