@@ -16,7 +16,9 @@
 # Build arguments users pass:
 #   BASE_IMAGE           another vLLM image (vLLM's non-root target: also IMAGE_USER=vllm)
 #   IMAGE_USER           the user the image runs as (default root, as vllm-openai; vllm for
-#                        vllm-openai-nonroot, whose entrypoint wrapper and WORKDIR are kept)
+#                        vllm-openai-nonroot, whose WORKDIR is kept)
+#   BASE_ENTRYPOINT      the base's entrypoint, run after the overlay's preflight (default `vllm serve`,
+#                        vllm-openai's; vllm-openai-nonroot: /usr/local/bin/vllm-nonroot-entrypoint.sh)
 #   VLLM_SITE_PACKAGES   where the base installs vllm (the build proves it; see below)
 #   TOOL_IMAGE           the first stage's image: python3 (3.11+, with venv) and git
 #   PIP_INDEX_URL, PIP_EXTRA_INDEX_URL, PIP_TRUSTED_HOST   the package index the first stage reads
@@ -116,6 +118,14 @@ RUN PYTHONDONTWRITEBYTECODE=1 ${PYTHON} -m vllm_overlay_status status --site-pac
        --expect "upstream_version=${OVERLAY_UPSTREAM_VERSION}" --expect "upstream_commit=${OVERLAY_UPSTREAM_COMMIT}" \
        --expect "series_sha256=${OVERLAY_SERIES_SHA256}" --expect "series=${OVERLAY_SERIES}" \
        --expect "manifest_sha256=${OVERLAY_MANIFEST_SHA256}" --expect "sbom_sha256=${OVERLAY_SBOM_SHA256}"
+# The entrypoint: the checks no vLLM plugin can make (VLLM_PLUGINS leaving the overlay's plugin out, its
+# entry point or gate gone; vllm_overlay_status/preflight.py says why), then the base's own entrypoint:
+# BASE_ENTRYPOINT, vllm-openai's `vllm serve` by default; /usr/local/bin/vllm-nonroot-entrypoint.sh for
+# vllm-openai-nonroot; "" for a base without one (the container's command is then run as given).
+ARG BASE_ENTRYPOINT="vllm serve"
+RUN PYTHONDONTWRITEBYTECODE=1 ${PYTHON} -m vllm_overlay_status entrypoint \
+       --write /usr/local/bin/vllm-overlay-entrypoint --then "${BASE_ENTRYPOINT}"
+ENTRYPOINT ["/usr/local/bin/vllm-overlay-entrypoint"]
 LABEL org.opencontainers.image.title="vllm-overlay" \
       org.opencontainers.image.description="vLLM with an ordered patch series laid over the locked upstream image" \
       org.opencontainers.image.base.name="${BASE_IMAGE}" \

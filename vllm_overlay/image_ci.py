@@ -72,6 +72,7 @@ from vllm_overlay.standins import (
 from vllm_overlay.store import Store
 
 TAG = "localhost/vllm-overlay-ci:latest"
+OVERLAY_ENTRYPOINT = "/usr/local/bin/vllm-overlay-entrypoint"  # the Dockerfile's ENTRYPOINT (preflight.ENTRYPOINT)
 ROOT_TAG = "localhost/vllm-overlay-ci:root-build"
 NONROOT_TAG = "localhost/vllm-overlay-ci:nonroot"
 TAMPER_LINE = "# tampered by ci-image\n"
@@ -164,17 +165,21 @@ def root_build_checks(
 def nonroot_checks(eng: engine.Engine, ref: str, failures: list[str], figures: list[str]) -> None:
     """Check 6 on an image built over the non-root stand-in with IMAGE_USER=vllm."""
     config = _config(eng, ref)
-    wanted = {"User": NONROOT_USER, "WorkingDir": NONROOT_HOME, "Entrypoint": [NONROOT_ENTRYPOINT]}
+    wanted = {"User": NONROOT_USER, "WorkingDir": NONROOT_HOME, "Entrypoint": [OVERLAY_ENTRYPOINT]}
     got = {key: config.get(key) for key in wanted}
     if got != wanted:
-        failures.append(f"non-root base: the image's config is {got}, the base's was {wanted}")
+        failures.append(f"non-root base: the image's config is {got}, wanted {wanted}")
     else:
-        figures.append(f"non-root base: user {NONROOT_USER}, workdir and vLLM's entrypoint wrapper kept")
-    code, text = eng.run(ref, [NONROOT_ENTRYPOINT, "--model", "stand-in"])
-    if code != 0 or f"user {NONROOT_USER} uid 2000" not in text or "verified:" not in text:
-        failures.append(f"non-root base: the entrypoint wrapper run gave (exit {code}): {text.strip()[-400:]}")
+        figures.append(f"non-root base: user {NONROOT_USER} and workdir kept; the overlay's entrypoint in front")
+    code, text = eng.run(ref, [OVERLAY_ENTRYPOINT, "--model", "stand-in"])
+    reached = f"user {NONROOT_USER} uid 2000" in text and "verified:" in text and "preflight: plugin selected" in text
+    if code != 0 or not reached:
+        failures.append(f"non-root base: the entrypoint run gave (exit {code}): {text.strip()[-400:]}")
     else:
-        figures.append("non-root base: the entrypoint wrapper, run as vllm (uid 2000), reached a passing verify")
+        figures.append(
+            "non-root base: the entrypoint, run as vllm (uid 2000), passed the preflight, then vLLM's wrapper "
+            "reached a passing verify"
+        )
     plugin = ["python3", "-c", "from vllm_overlay_status.plugin import register; register()"]
     code, text = eng.run(ref, plugin)
     if code != 0:
@@ -583,7 +588,12 @@ def run_checks(proj: project.Project, options: Options, build: Build) -> int:
             make_nonroot_standin(eng, ref, nonroot, nonroot_entrypoint(the_lock, store))
             # As the README says to build it: docker build . with BASE_IMAGE and IMAGE_USER (the tool
             # stage comes from check 5's layer cache; check 5 proved what it makes).
-            nonroot_args = {**root_build_args(context), "BASE_IMAGE": nonroot, "IMAGE_USER": NONROOT_USER}
+            nonroot_args = {
+                **root_build_args(context),
+                "BASE_IMAGE": nonroot,
+                "IMAGE_USER": NONROOT_USER,
+                "BASE_ENTRYPOINT": NONROOT_ENTRYPOINT,
+            }
             if eng.build(proj.root, [NONROOT_TAG], nonroot_args, staging.source_date_epoch) != 0:
                 failures.append("docker build . over the non-root stand-in failed (see the build output above)")
             else:

@@ -107,8 +107,11 @@ def apt_mirror(apt_dir: Path = Path("/etc/apt")) -> str:
     raise engine.EngineError(f"no Debian release source in {apt_dir}/sources.list(.d): pass --mirror URL")
 
 
-def rootfs_tar(store_root: Path, suite: str, mirror: str, packages: tuple[str, ...] = ("python3",)) -> Path:
-    name = "python3" if packages == ("python3",) else "tool"
+def rootfs_tar(
+    store_root: Path, suite: str, mirror: str, packages: tuple[str, ...] = ("python3",), name: str | None = None
+) -> Path:
+    """The cached minbase root filesystem of ``suite`` with ``packages`` (debootstrap once), as a tar."""
+    name = name or ("python3" if packages == ("python3",) else "tool")
     tar = store_root / "ci" / f"debian-{suite}-{name}.tar"
     if tar.exists():
         return tar

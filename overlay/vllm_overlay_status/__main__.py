@@ -10,12 +10,17 @@ verify   the full check (exit 1 on any difference): the installed vllm is the ma
 compile  byte-compile the replaced files (checked-hash pycs); the image build runs it
 sbom     print the image's CycloneDX SBOM (JSON; sbom.cdx.json beside this package): the vllm
          release with every carried patch as its pedigree
+preflight  what the image's entrypoint runs before the base's own: refuses (exit 2) what no vLLM
+         plugin can catch (VLLM_PLUGINS leaving this plugin out, its entry point or gate gone),
+         then verify's full check (exit 1); VLLM_OVERLAY_ALLOW_MISMATCH=1 warns instead
+entrypoint --write PATH --then CMD   write that entrypoint script (the image build runs it)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -114,19 +119,75 @@ def cmd_sbom(args: argparse.Namespace, manifest: dict) -> int:
     return 0
 
 
+def cmd_preflight(args: argparse.Namespace, manifest: dict) -> int:
+    from .plugin import ALLOW_ENV
+    from .preflight import problems
+
+    allowed = os.environ.get(ALLOW_ENV) == "1"
+    refused = problems()
+    for problem in refused:
+        print(f"vllm overlay preflight: {problem}", file=sys.stderr)
+    if refused and not allowed:
+        print(
+            f"vllm overlay preflight: refusing to start ({ALLOW_ENV}=1 overrides, for debugging only)", file=sys.stderr
+        )
+        return 2
+    site = _site(args)
+    started = time.monotonic()
+    differences = verify(site, manifest)
+    for problem in differences:
+        print(f"vllm overlay preflight: {problem}", file=sys.stderr)
+    if differences and not allowed:
+        print(
+            f"vllm overlay preflight: {len(differences)} difference(s) from the manifest and RECORD in {site}; "
+            f"refusing to start ({ALLOW_ENV}=1 overrides, for debugging only)",
+            file=sys.stderr,
+        )
+        return 1
+    print(
+        f"vllm overlay preflight: plugin {'NOT ' if refused else ''}selected and present; vllm in {site} "
+        f"{'DIFFERS from' if differences else 'verified against'} the manifest and RECORD "
+        f"({time.monotonic() - started:.1f} s)",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def cmd_entrypoint(args: argparse.Namespace, manifest: dict) -> int:
+    from .preflight import write_script
+
+    write_script(args.write, args.python or sys.executable, args.then)
+    print(f"wrote {args.write}: preflight, then {args.then or 'the command given'}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python3 -m vllm_overlay_status", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--manifest", type=Path, default=None, help="manifest to use (default: the one shipped here)")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, handler in (("status", cmd_status), ("verify", cmd_verify), ("compile", cmd_compile), ("sbom", cmd_sbom)):
+    handlers = (
+        ("status", cmd_status),
+        ("verify", cmd_verify),
+        ("compile", cmd_compile),
+        ("sbom", cmd_sbom),
+        ("preflight", cmd_preflight),
+        ("entrypoint", cmd_entrypoint),
+    )
+    for name, handler in handlers:
         command = sub.add_parser(name)
         if name == "sbom":
             command.set_defaults(handler=handler)
             continue
+        if name == "entrypoint":
+            command.add_argument("--write", type=Path, required=True, help="where to write the script")
+            command.add_argument("--then", default="", help="the base image's entrypoint, run after the checks")
+            command.add_argument("--python", default=None, help="the interpreter the script runs (default: this one)")
+            command.set_defaults(handler=handler)
+            continue
         command.add_argument("--site-packages", type=Path, default=None, help="default: where vllm is found")
-        if name != "compile":
+        if name not in ("compile", "preflight"):
             command.add_argument("--json", action="store_true", help="machine-readable output")
         if name == "verify":
             command.add_argument(

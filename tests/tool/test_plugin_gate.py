@@ -75,3 +75,68 @@ def test_a_status_package_that_fails_to_import_stops_the_process(tmp_path):
     assert "served intact" in done.stdout, done.stderr[-2000:]
     assert done.returncode != 0 and "served broken" not in done.stdout
     assert "the status package cannot be imported (ImportError: tampered); refusing to start" in done.stderr
+
+
+# vLLM's own loader with VLLM_PLUGINS leaving the overlay's plugin out and the status package broken:
+# the loader never calls the gate, so the broken package is served. That is the hole the image's
+# entrypoint (vllm_overlay_status preflight) closes.
+LOADER_EXCLUDED = """
+import sys
+init = sys.argv[1]
+with open(init, "a") as handle:
+    handle.write("\\nraise ImportError('tampered')\\n")
+import vllm.plugins as plugins
+plugins.load_general_plugins()
+print("served broken")
+"""
+
+
+def _preflight(python: Path, site: Path, **environ: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(site), PYTHONDONTWRITEBYTECODE="1", **environ)
+    env.pop("VLLM_OVERLAY_ALLOW_MISMATCH", None)
+    if "VLLM_PLUGINS" not in environ:
+        env.pop("VLLM_PLUGINS", None)
+    argv = [str(python), "-m", "vllm_overlay_status", "preflight"]
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_vllm_skips_the_gate_that_vllm_plugins_leaves_out_and_preflight_refuses_it(tmp_path):
+    python = _test_env_python()
+    site = _overlay_site(tmp_path)
+    clean = _preflight(python, site)
+    assert clean.returncode == 0, clean.stderr[-2000:]
+    assert "preflight: plugin selected and present" in clean.stderr
+    refused = _preflight(python, site, VLLM_PLUGINS="some_other_plugin")
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert "plugins-excluded: VLLM_PLUGINS='some_other_plugin' leaves out vllm_overlay_status" in refused.stderr
+    named = _preflight(python, site, VLLM_PLUGINS="some_other_plugin,vllm_overlay_status")
+    assert named.returncode == 0, named.stderr[-2000:]
+    env = dict(os.environ, PYTHONPATH=str(site), PYTHONDONTWRITEBYTECODE="1", VLLM_PLUGINS="some_other_plugin")
+    init = site / "vllm_overlay_status" / "__init__.py"
+    served = subprocess.run(
+        [str(python), "-c", LOADER_EXCLUDED, str(init)], env=env, capture_output=True, text=True, timeout=1800
+    )
+    assert served.returncode == 0 and "served broken" in served.stdout, served.stderr[-2000:]
+
+
+def test_preflight_refuses_an_image_whose_entry_point_or_gate_is_gone(tmp_path):
+    python = _test_env_python()
+    site = _overlay_site(tmp_path)
+    (site / "vllm_overlay_status-0.1.0.dist-info" / "entry_points.txt").unlink()
+    (site / "vllm_overlay_status_gate.py").unlink()
+    done = _preflight(python, site)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "plugin-missing: no vllm.general_plugins entry point named vllm_overlay_status" in done.stderr
+    assert "gate-missing: vllm_overlay_status_gate cannot be found" in done.stderr
+
+
+def test_preflight_refuses_a_changed_file_after_the_plugin_checks(tmp_path):
+    python = _test_env_python()
+    site = _overlay_site(tmp_path)
+    manifest_file = site / "vllm_overlay_status" / "manifest.json"
+    manifest = json.loads(manifest_file.read_text())
+    manifest["files"] = {"vllm/__init__.py": "0" * 64}  # a replaced file whose content is not this
+    manifest_file.write_text(json.dumps(manifest))
+    done = _preflight(python, site)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "vllm/__init__.py" in done.stderr and "refusing to start" in done.stderr

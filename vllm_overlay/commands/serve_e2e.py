@@ -9,7 +9,9 @@ carried onto its release (cpu/patches, cpu/upstream.lock) is applied clean, stag
 stages it and laid over a hard-linked copy of the runtime (build/cpu/runtime). A tiny Llama is made
 locally (no download). Each server listens on 127.0.0.1 only; every wait is bounded and every
 server is stopped by its own process group, also when a scenario fails. Results: stdout,
-build/cpu/e2e/results.md and results.json. See docs/e2e.md.
+build/cpu/e2e/results.md and results.json. With --image podman (or docker) the same scenarios are
+also served from images: the runtime as a base image, the carried series built over it with the
+project's Dockerfile (vllm_overlay.e2e.container). See docs/e2e.md.
 
 Exit codes: 0 every scenario passed on both runtimes; 1 a scenario failed; 2 usage, input or setup error.
 """
@@ -52,6 +54,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="apply both series (build/patched, build/cpu/patched) and print git range-diff of the carried "
         "series against the locked one; serves nothing",
     )
+    parser.add_argument(
+        "--image",
+        metavar="ENGINES",
+        type=_engines,
+        default=None,
+        help="also the image path, on each engine given (podman, docker or podman,docker): the CPU runtime as a "
+        "base image, the carried series built over it with the project's Dockerfile, every one-server scenario "
+        "served from both images, and the overlay image started with VLLM_PLUGINS leaving its plugin out and "
+        "with a replaced file altered (docs/e2e.md, 'The image path')",
+    )
     parser.add_argument("--runtime-only", action="store_true", help="only build or verify the CPU runtime")
     parser.add_argument(
         "--verdicts",
@@ -66,9 +78,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _engines(text: str) -> str:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in ("podman", "docker")]
+    if not names or unknown or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected podman, docker or podman,docker")
+    return ",".join(names)
+
+
 def run(args: argparse.Namespace) -> int:
-    from vllm_overlay import apply, carry, cpu_runtime, envs, image, lock, series, sources
-    from vllm_overlay.e2e import layout, suite
+    from vllm_overlay import apply, carry, cpu_runtime, engine, envs, image, lock, series, sources
+    from vllm_overlay.e2e import container, layout, suite
     from vllm_overlay.store import Store
 
     root = project.from_args(args).root
@@ -97,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
                 streaming_input=args.streaming_input,
                 base=not args.no_base,
                 verdicts=args.verdicts,
+                image=args.image,
             ),
         )
     except (
@@ -109,6 +130,8 @@ def run(args: argparse.Namespace) -> int:
         sources.SourceError,
         apply.ApplyError,
         image.ImageError,
+        container.ContainerError,
+        engine.EngineError,
     ) as exc:
         output.error(str(exc))
         return 2

@@ -22,8 +22,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from vllm_overlay import carry, cpu_runtime, lock, output, record
-from vllm_overlay.e2e import layout, scenarios
+from vllm_overlay import carry, cpu_runtime, engine, envs, image, lock, output, record
+from vllm_overlay.e2e import container, layout, scenarios
 from vllm_overlay.e2e.server import Server, ServerError, ServerSpec, running, server_env, stop_group
 from vllm_overlay.store import Store
 
@@ -42,6 +42,7 @@ class Options:
     tp_timeout: float = 1200.0
     out: Path | None = None
     verdicts: bool = False  # keep a passing run's verdict, and serve nothing when one is kept (e2e.verdict)
+    image: str | None = None  # also serve from images built with these engines ("podman,docker"; e2e.container)
 
 
 @dataclass
@@ -114,6 +115,13 @@ def tamper(spec: ServerSpec, site_packages: Path, relpath: str, log: Path, timeo
         server.stop()
         target.unlink()
         target.write_bytes(original)
+    return _tamper_result("tamper", code, log, relpath, started, timeout)
+
+
+def _tamper_result(
+    name: str, code: int | None, log: Path, relpath: str, started: float, timeout: float
+) -> scenarios.Result:
+    """Passed when the server exited non-zero and its log names the altered file."""
     text = log.read_text(encoding="utf-8", errors="replace")
     named = f"replaced-mismatch: {relpath}" in text
     ok = code not in (None, 0) and named
@@ -122,7 +130,7 @@ def tamper(spec: ServerSpec, site_packages: Path, relpath: str, log: Path, timeo
         if code is not None
         else f"still running after {timeout:.0f}s (stopped)"
     )
-    return scenarios.Result("tamper", ok, detail, time.monotonic() - started)
+    return scenarios.Result(name, ok, detail, time.monotonic() - started)
 
 
 EXECUTE_TIMEOUT_S = 60  # VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS of the TP=2 probe: bounds a step whose reply never comes
@@ -342,6 +350,8 @@ def run(root: Path, options: Options) -> Outcome:
         from vllm_overlay.e2e import verdict
 
         scenario_options = {k: v for k, v in asdict(options).items() if k not in ("out", "verdicts")}
+        if options.image:
+            scenario_options["image_engine"] = container.engine_version(options.image)
         made_of = verdict.inputs(root, pristine.path, pristine.site_packages, scenario_options)
         kept = verdict.load(store.root, verdict.key(made_of))
         if kept is not None:
@@ -410,6 +420,8 @@ def run(root: Path, options: Options) -> Outcome:
                 0.0,
             )
         )
+    if options.image:
+        image_scenarios(outcome, options, pristine, runtime_lock, staging, model, out)
     if options.tamper:
         relpath = sorted(staging.manifest["files"])[0]
         spec = ServerSpec(python=patched.python, model=model, label="patched (tampered)")
@@ -425,18 +437,125 @@ def run(root: Path, options: Options) -> Outcome:
     return outcome
 
 
-def _identical(outcome: Outcome) -> scenarios.Result:
+def image_scenarios(
+    outcome: Outcome,
+    options: Options,
+    pristine: envs.Env,
+    runtime_lock: cpu_runtime.RuntimeLock,
+    staging: image.Staging,
+    model: Path,
+    out: Path,
+) -> None:
+    """The image path, on each engine of ``options.image``: base and overlay images built, every
+    one-server scenario served from each, then the overlay image started with VLLM_PLUGINS leaving
+    its plugin out and with a replaced file altered inside the container."""
+    store = Store()
+    for name in (options.image or "").split(","):
+        with container.engine_for(name.strip(), store) as eng:
+            with Timer(outcome, f"images ({eng.name})"):
+                made = container.images(eng, store, runtime_lock, pristine, staging)
+            labels = (f"pristine {eng.name}", f"patched {eng.name}")
+            for label, ref, is_patched in ((labels[0], made.base, False), (labels[1], made.overlay, True)):
+                served = _container_server(outcome, eng, ref, label, is_patched, options, staging, model, out)
+                outcome.results[label] = served
+            outcome.extra.append(_identical(outcome, *labels))
+            with Timer(outcome, f"plugins excluded ({eng.name})"):
+                log = out / f"server-plugins-excluded-{eng.name}.log"
+                outcome.extra.append(container_refusal(eng, made, model, log))
+            if options.tamper:
+                relpath = sorted(staging.manifest["files"])[0]
+                with Timer(outcome, f"tamper ({eng.name})"):
+                    log = out / f"server-tamper-{eng.name}.log"
+                    outcome.extra.append(container_tamper(eng, made, model, relpath, log))
+
+
+def _container_server(
+    outcome: Outcome,
+    eng: engine.Engine,
+    ref: str,
+    label: str,
+    is_patched: bool,
+    options: Options,
+    staging: image.Staging,
+    model: Path,
+    out: Path,
+) -> list[scenarios.Result]:
+    """Start a server from ``ref``, run the one-server scenarios on it, stop it by its container id."""
+    with Timer(outcome, f"server {label}"):
+        try:
+            log = out / f"server-{label.replace(' ', '-')}.log"
+            spec = container.spec_for(label)
+            with container.running(eng, ref, spec, model, log, options.ready_timeout) as server:
+                outcome.ready[label] = server.ready_s or 0.0
+                output.info(f"[e2e] {label} ({ref}) ready in {server.ready_s:.0f}s at {server.url}")
+                results = server_scenarios(server, is_patched, options.clients, staging.series_sha256)
+        except ServerError as exc:
+            results = [scenarios.Result("server-start", False, str(exc)[:500], 0.0)]
+    for result in results:
+        output.info(f"[e2e]   {label} {result.name}: {'ok' if result.ok else 'FAILED'} ({result.detail})")
+    return results
+
+
+def container_tamper(
+    eng: engine.Engine, made: container.Images, model: Path, relpath: str, log: Path
+) -> scenarios.Result:
+    """The overlay image started with ``relpath`` altered inside its container: it must exit, naming it."""
+    started = time.monotonic()
+    spec = container.spec_for(f"patched {eng.name} (tampered)")
+    spec.env["PYTHONDONTWRITEBYTECODE"] = "1"
+    server = container.ContainerServer(eng, made.overlay, spec, model, log)
+    target = f"{made.site_packages}/{relpath}"
+    mark = "\\n# altered inside the container by the end-to-end suite\\n"
+    server.entrypoint = ["sh", "-c", f"printf '{mark}' >> '{target}' && exec \"$@\"", "sh"]
+    try:
+        server.start()
+        code = server.wait_exit(600)
+    finally:
+        server.stop()
+    return _tamper_result(f"tamper ({eng.name})", code, log, relpath, started, 600)
+
+
+EXCLUDING_PLUGINS = "e2e_other_plugin"  # a VLLM_PLUGINS that leaves the overlay's plugin out
+
+
+def container_refusal(eng: engine.Engine, made: container.Images, model: Path, log: Path) -> scenarios.Result:
+    """The overlay image started with VLLM_PLUGINS leaving its plugin out (vLLM would then never call
+    the check): the image's entrypoint must refuse before vLLM starts, exit 2, naming the variable."""
+    started = time.monotonic()
+    spec = container.spec_for(f"patched {eng.name} (VLLM_PLUGINS without the overlay's)")
+    spec.env["VLLM_PLUGINS"] = EXCLUDING_PLUGINS
+    server = container.ContainerServer(eng, made.overlay, spec, model, log)
+    try:
+        server.start()
+        code = server.wait_exit(300)
+    finally:
+        server.stop()
+    text = log.read_text(encoding="utf-8", errors="replace")
+    named = "plugins-excluded: VLLM_PLUGINS=" in text
+    served = "(APIServer pid=" in text  # any line of vLLM's API server: it started
+    ok = code == 2 and named and not served
+    detail = (
+        f"exit {code} after {time.monotonic() - started:.1f}s; names VLLM_PLUGINS: {'yes' if named else 'no'}; "
+        f"vLLM started: {'yes' if served else 'no'}"
+    )
+    return scenarios.Result(f"plugins excluded ({eng.name} entrypoint)", ok, detail, time.monotonic() - started)
+
+
+def _identical(outcome: Outcome, first: str = "pristine", second: str = "patched") -> scenarios.Result:
     texts = {}
     for label, results in outcome.results.items():
         for result in results:
             if result.name in ("completions", "streaming"):
                 texts[(label, result.name)] = result.data.get("texts")
-    pairs = [(texts.get(("pristine", n)), texts.get(("patched", n))) for n in ("completions", "streaming")]
+    pairs = [(texts.get((first, n)), texts.get((second, n))) for n in ("completions", "streaming")]
     same = all(a is not None and a == b and None not in a for a, b in pairs)
+    if same and first != "pristine":  # and the same as the host's runtimes gave
+        same = all(texts.get(("pristine", n)) in (None, texts.get((first, n))) for n in ("completions", "streaming"))
+    title = "greedy outputs identical" + ("" if first == "pristine" else f" ({first}, {second}, host)")
     return scenarios.Result(
-        "greedy outputs identical",
+        title,
         same,
-        "pristine == patched for every prompt, streamed and not" if same else "outputs differ or are missing",
+        f"{first} == {second} for every prompt, streamed and not" if same else "outputs differ or are missing",
         0.0,
     )
 
@@ -444,11 +563,12 @@ def _identical(outcome: Outcome) -> scenarios.Result:
 def render(outcome: Outcome) -> str:
     if outcome.cached is not None:
         return f"(kept verdict of {outcome.cached['made']}, key {outcome.cached['key']})\n" + outcome.cached["table"]
+    labels = [label for label, results in outcome.results.items() if results] or ["pristine", "patched"]
     lines = [
         f"series sha256 {outcome.series_sha256}",
         "",
-        "| scenario | pristine | patched |",
-        "|---|---|---|",
+        "| scenario | " + " | ".join(labels) + " |",
+        "|---" * (len(labels) + 1) + "|",
     ]
     names: list[str] = []
     for results in outcome.results.values():
@@ -456,14 +576,14 @@ def render(outcome: Outcome) -> str:
     by = {label: {r.name: r for r in results} for label, results in outcome.results.items()}
     for name in names:
         cells = []
-        for label in ("pristine", "patched"):
+        for label in labels:
             result = by.get(label, {}).get(name)
             cells.append(
                 "—" if result is None else f"{'ok' if result.ok else 'FAIL'} {result.seconds:.1f}s: {result.detail}"
             )
-        lines.append(f"| {name} | {cells[0]} | {cells[1]} |")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     for result in outcome.extra:
-        lines.append(f"| {result.name} | {'ok' if result.ok else 'FAIL'}: {result.detail} | |")
+        lines.append(f"| {result.name} | {'ok' if result.ok else 'FAIL'}: {result.detail} |" + " |" * (len(labels) - 1))
     lines += ["", "| step | seconds |", "|---|---|"]
     lines += [f"| {name} | {seconds:.1f} |" for name, seconds in outcome.steps.items()]
     lines += [f"| ready {label} | {seconds:.1f} |" for label, seconds in outcome.ready.items()]

