@@ -9,13 +9,19 @@ record written beside the download (``<sdist>.imported``): the commit, its tree 
 the sdist's files (path, mode, content) hashed from the unpacked archive, every object of the
 tree, and a fingerprint of the object files that hold them.
 
-Each run then compares the fingerprint with the files as they are: inode, size, mtime and ctime of
-every object file of the tree, the pack files and the alternates file (a rewrite makes a new inode
-or ctime, which no user-space call can set back). That costs one ``lstat`` per object (about 40 ms
-for vLLM 0.33.0's 9,626 objects). Where the fingerprint differs (a ``git gc`` in the cache, a copied
-cache, a tampered object) every object of the tree is read through ``git cat-file`` and hashed
-again, and the sdist's sha256 recomputed from the blobs: equal, the record is renewed; different,
-the run is refused, naming the object and the path.
+Each run then compares the fingerprint with the files as they are: inode, size and mtime of every
+object file of the tree, the pack files and the alternates file (a rewrite writes a new file, or
+the same one at a new mtime). That costs one ``lstat`` per object (about 40 ms for vLLM 0.33.0's
+9,626 objects). Not the ctime: every clone of the store hard-links its object files and every
+removal of a clone unlinks them, and each link count change moves the ctime, so with it nearly
+every run after an apply re-hashed the whole tree (about 36 s). What the ctime alone would catch
+is an in-place rewrite whose writer then set the mtime back: one who can do that can as well
+rewrite the record beside it, which no check kept in the same cache survives.
+
+Where the fingerprint differs (a ``git gc`` in the cache, a copied cache, a tampered object)
+every object of the tree is read through ``git cat-file`` and hashed again, and the sdist's sha256
+recomputed from the blobs: equal, the record is renewed; different, the run is refused, naming
+the object and the path.
 """
 
 from __future__ import annotations
@@ -134,13 +140,13 @@ def fingerprint(repo: Path, objects: list[str]) -> str:
         except FileNotFoundError:
             digest.update(b"-\0")
             return
-        digest.update(f"{info.st_ino} {info.st_size} {info.st_mtime_ns} {info.st_ctime_ns} {info.st_mode}\0".encode())
+        digest.update(f"{info.st_ino} {info.st_size} {info.st_mtime_ns} {info.st_mode}\0".encode())
 
     loose = str(repo / "objects")
     for oid in objects:
         try:
             info = os.lstat(f"{loose}/{oid[:2]}/{oid[2:]}")
-            digest.update(b"%d %d %d %d\0" % (info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns))
+            digest.update(b"%d %d %d\0" % (info.st_ino, info.st_size, info.st_mtime_ns))
         except FileNotFoundError:
             digest.update(b"-\0")
     pack_dir = repo / "objects" / "pack"

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import hashlib
+import shutil
 import subprocess
 import tarfile
 import zlib
@@ -115,6 +116,21 @@ def test_a_changed_object_file_is_hashed_again_then_the_record_renewed(tmp_path,
     assert renewed != before
     assert _obtain().commit == first.commit
     assert marker.read_text() == renewed  # the cheap check holds: nothing hashed, nothing rewritten
+
+
+def test_clones_of_the_store_cost_no_rehash(tmp_path, store_env):
+    """Every checkout hard-links the store's object files (and removing it unlinks them): that moves
+    their ctime, never their content, so it must not make the next run hash every object again."""
+    _cached_release(tmp_path)
+    first = _obtain()
+    marker = Store().downloads / f"vllm-{VERSION}.tar.gz.imported"
+    before = marker.read_text()
+    clone = tmp_path / "clone"
+    sources.checkout(Store(), first, clone)
+    assert _obtain().commit == first.commit
+    shutil.rmtree(clone)
+    assert _obtain().commit == first.commit
+    assert marker.read_text() == before  # nothing hashed again, nothing renewed
 
 
 def test_a_tag_moved_to_another_commit_is_refused(tmp_path, store_env):
