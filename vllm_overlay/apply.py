@@ -20,6 +20,7 @@ import git
 
 from vllm_overlay import apply_record, faults, interrupts, linkcopy, paths, staging
 from vllm_overlay.classify import FUZZ_CONTEXT, PatchResult, Status, apply_check, classify
+from vllm_overlay.errors import InputError
 from vllm_overlay.series import PATCH_FILE_TRAILER, Patch, as_git_am_reads
 from vllm_overlay.sources import Upstream
 
@@ -72,20 +73,12 @@ class Report:
 CONFIG_PARTIAL = "vllm-overlay.partial"
 
 
-class ApplyError(RuntimeError):
+class ApplyError(InputError, RuntimeError):
     """The run was refused before any status could be decided (unsafe paths, output busy)."""
-
-
-class OutputBusy(ApplyError):
-    """Another run is writing the output and ``wait`` was off."""
 
 
 class WorkWouldBeLost(ApplyError):
     """Replacing the output would throw away work it holds (``before_replace`` refused; exit 2, untouched)."""
-
-
-class OutputNotOurs(ApplyError):
-    """The output path holds a directory or file this tool did not publish (exit 2, untouched)."""
 
 
 class Interrupted(KeyboardInterrupt):
@@ -193,7 +186,7 @@ def apply_series(
     the upstream commit the series was written for; it is called only when a patch does not
     apply cleanly, and the blobs a 3-way merge needs are then recreated (``seed_preimages``).
     Another run on the same output is waited for (``on_wait`` is told its pid) or, with ``wait``
-    off, refused with OutputBusy. Ctrl-C or SIGTERM raise Interrupted after the staging area is
+    off, refused with staging.OutputBusy. Ctrl-C or SIGTERM raise Interrupted after the staging area is
     removed and the git processes still running are ended. ``partial`` marks a tree that holds a
     selection of the series (``--only``), so export never takes it for the whole series.
 
@@ -205,29 +198,23 @@ def apply_series(
     ``reuse`` off builds from upstream whatever the output holds (the record is still written).
     """
     output = output.resolve()
-    try:
-        staging.check_replaceable(output)  # before anything is created beside it
-    except staging.OutputNotOurs as exc:
-        raise OutputNotOurs(str(exc)) from None
+    staging.check_replaceable(output)  # before anything is created beside it (OutputNotOurs)
     output.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        with staging.output_lock(output, wait=wait, on_wait=on_wait):
-            return _apply_locked(
-                output,
-                patches,
-                upstream,
-                checkout,
-                options,
-                progress,
-                publish_partial,
-                seed_base,
-                partial,
-                inputs,
-                before_replace,
-                reuse,
-            )
-    except staging.OutputBusy as exc:
-        raise OutputBusy(str(exc)) from None
+    with staging.output_lock(output, wait=wait, on_wait=on_wait):  # OutputBusy if another run holds it
+        return _apply_locked(
+            output,
+            patches,
+            upstream,
+            checkout,
+            options,
+            progress,
+            publish_partial,
+            seed_base,
+            partial,
+            inputs,
+            before_replace,
+            reuse,
+        )
 
 
 def _apply_locked(
@@ -248,10 +235,7 @@ def _apply_locked(
     area: staging.StagingArea | None = None
     try:
         faults.phase("locked")
-        try:
-            staging.check_replaceable(output)  # again under the lock: another process may have written it
-        except staging.OutputNotOurs as exc:
-            raise OutputNotOurs(str(exc)) from None
+        staging.check_replaceable(output)  # again under the lock: another process may have written it
         staging.remove_leftovers(output)
         reusable, recorded = _reusable_prefix(output, inputs, patches) if inputs and reuse else ([], 0)
         if reusable and len(reusable) == len(patches) == recorded:

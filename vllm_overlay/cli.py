@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from vllm_overlay import gitenv, indexes, output, report
+from vllm_overlay import errors, gitenv, indexes, output, report
 
 # verb -> (module under vllm_overlay.commands, one-line help)
 VERBS: dict[str, tuple[str, str]] = {
@@ -78,9 +78,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         report.check_destinations(**{k: v for k, v in destinations.items() if isinstance(v, Path)})
         with gitenv.isolated():  # the user's git configuration never changes what the tool builds
             return int(args._module.run(args))
-    except report.ReportPathError as exc:
+    except errors.InputError as exc:  # the one error path: every input error is one line and exit 2
         output.error(str(exc))
-        return 2
+        return exc.exit_code
 
 
 if __name__ == "__main__":

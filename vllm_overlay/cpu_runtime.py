@@ -28,6 +28,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from vllm_overlay import envs, output, record, sources
+from vllm_overlay.errors import InputError
 from vllm_overlay.lock import SHA256_RE
 from vllm_overlay.store import Store
 
@@ -36,7 +37,7 @@ DEFAULT_LOCK = Path(__file__).resolve().parent.parent / LOCK_NAME
 STORE_LOCK = ".cpu-runtime.lock"  # its own lock: a test-environment build elsewhere does not block it
 
 
-class RuntimeLockError(ValueError):
+class RuntimeLockError(InputError, ValueError):
     """cpu/runtime.lock is missing, malformed or disagrees with the wheel."""
 
 

@@ -20,10 +20,12 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from vllm_overlay.errors import InputError
+
 ENGINES = ("docker", "podman", "buildah")
 
 
-class EngineError(RuntimeError):
+class EngineError(InputError, RuntimeError):
     """No usable engine, or the engine failed."""
 
 

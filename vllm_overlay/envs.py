@@ -29,6 +29,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 
 from vllm_overlay import envproof, indexes, output, record
+from vllm_overlay.errors import InputError
 from vllm_overlay.lock import Lock
 from vllm_overlay.store import Store
 
@@ -51,7 +52,7 @@ TOOL_PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
 TOOL_DISTRIBUTION = "vllm-overlay"
 
 
-class EnvError(RuntimeError):
+class EnvError(InputError, RuntimeError):
     """The test environment cannot be built or used."""
 
 

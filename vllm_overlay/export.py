@@ -18,6 +18,7 @@ import git
 
 from vllm_overlay import atomicfile, faults, interrupts, sources
 from vllm_overlay.apply import CONFIG_PARTIAL, CONFIG_UPSTREAM
+from vllm_overlay.errors import InputError
 from vllm_overlay.series import (
     PATCH_FILE_TRAILER,
     SERIES_FILE,
@@ -44,7 +45,7 @@ FORMAT_PATCH_OPTIONS = (
 ISOLATED_ENV = {"GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
 
 
-class ExportError(RuntimeError):
+class ExportError(InputError, RuntimeError):
     """The repository cannot be exported (no upstream base, a commit without a Series trailer...)."""
 
 

@@ -37,6 +37,7 @@ import git
 import unidiff
 
 from vllm_overlay import atomicfile, export, record, sbom, staging
+from vllm_overlay.errors import InputError
 from vllm_overlay.lock import Lock
 from vllm_overlay.project import Project
 from vllm_overlay.series import PATCH_FILE_TRAILER, Patch, series_names
@@ -81,7 +82,7 @@ ZERO_BLOB = "0" * 40
 ARG_VALUE_RE = re.compile(r'^[^"\\$\n]*$')
 
 
-class ImageError(RuntimeError):
+class ImageError(InputError, RuntimeError):
     """The image cannot be staged or built (stale tree, unsupported change, bad Dockerfile...)."""
 
 

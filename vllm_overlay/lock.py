@@ -14,13 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vllm_overlay import atomicfile
+from vllm_overlay.errors import InputError
 
 LOCK_NAME = "upstream.lock"
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 DIGEST_RE = re.compile(r"^(sha256:[0-9a-f]{64})?$")
 
 
-class LockError(ValueError):
+class LockError(InputError, ValueError):
     """upstream.lock is missing, malformed or inconsistent."""
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vllm_overlay import atomicfile, output
+from vllm_overlay.errors import InputError
 
 if TYPE_CHECKING:  # the apply engine is imported by the verbs that apply, not by every start-up
     from vllm_overlay.apply import Report
@@ -44,7 +45,7 @@ def apply_table(report: Report) -> str:
     return "\n".join(lines)
 
 
-class ReportPathError(ValueError):
+class ReportPathError(InputError, ValueError):
     """A report file (--json, --junit, --markdown, ...) cannot be written where it was asked for."""
 
 

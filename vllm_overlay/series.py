@@ -18,6 +18,8 @@ from pathlib import Path, PurePosixPath
 
 import unidiff
 
+from vllm_overlay.errors import InputError
+
 SERIES_FILE = "series"
 # DEP-3 fields we require, plus the project's own.
 REQUIRED_FIELDS = ("Description", "Origin", "Last-Update", "Series", "Tests", "Upstream-Tests", "Targets")
@@ -28,7 +30,7 @@ PATCH_FILE_TRAILER = "Patch-File"
 SERIES_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 
 
-class SeriesError(ValueError):
+class SeriesError(InputError, ValueError):
     """The series file or a patch file is malformed."""
 
 

@@ -31,6 +31,7 @@ from packaging.utils import (
 from packaging.version import InvalidVersion, Version
 
 from vllm_overlay import atomicfile, indexes, objects, output, safetar
+from vllm_overlay.errors import InputError
 from vllm_overlay.lock import Lock
 from vllm_overlay.store import UNPACK_PREFIX, Store
 
@@ -46,7 +47,7 @@ IMPORT_IDENTITY = {
 }
 
 
-class SourceError(RuntimeError):
+class SourceError(InputError, RuntimeError):
     """An upstream could not be obtained or failed verification; nothing from it was used."""
 
 

@@ -38,6 +38,7 @@ from pathlib import Path
 import git
 
 from vllm_overlay import atomicfile, faults, interrupts
+from vllm_overlay.errors import InputError
 
 OWNER_FILE = "owner"
 # Written into the git directory of every tree this tool publishes: the proof that a directory at
@@ -50,7 +51,7 @@ _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
 
 
-class OutputBusy(RuntimeError):
+class OutputBusy(InputError, RuntimeError):
     """Another run holds the output's lock (and we were asked not to wait)."""
 
     def __init__(self, output: Path, holder: int | None) -> None:
@@ -60,7 +61,7 @@ class OutputBusy(RuntimeError):
         self.holder = holder
 
 
-class OutputNotOurs(RuntimeError):
+class OutputNotOurs(InputError, RuntimeError):
     """The output path holds something this tool did not publish: replacing it would destroy it."""
 
     def __init__(self, output: Path, why: str) -> None:

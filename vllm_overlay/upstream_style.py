@@ -23,10 +23,12 @@ from pathlib import Path, PurePosixPath
 import git
 import unidiff
 
+from vllm_overlay.errors import InputError
+
 CONFIG_FILE = "pyproject.toml"
 
 
-class UpstreamStyleError(RuntimeError):
+class UpstreamStyleError(InputError, RuntimeError):
     """The check cannot run (no ruff, no upstream configuration, a tree that is not a repository)."""
 
 

@@ -52,3 +52,20 @@ def test_the_help_of_the_verb_run_is_its_full_help(capsys):
 
 def test_test_patches_names_the_environment_variable_envs_reads():
     assert test_patches.ENV_VAR == envs.ENV_VAR
+
+
+def test_every_input_error_of_every_verb_ends_in_one_line_and_exit_2(tmp_path, capsys):
+    """One error path: a verb raises its input error, cli.main says it in one line and exits 2."""
+    from vllm_overlay import apply, engine, errors, export, image, lock, report, series, sources, staging
+    from vllm_overlay.e2e import container, layout
+
+    families = [lock.LockError, series.SeriesError, sources.SourceError, image.ImageError, apply.ApplyError]
+    families += [export.ExportError, envs.EnvError, engine.EngineError, report.ReportPathError]
+    families += [staging.OutputBusy, staging.OutputNotOurs, container.ContainerError, layout.LayoutError]
+    assert all(issubclass(family, errors.InputError) for family in families)
+    (tmp_path / "upstream.lock").write_text("this is not TOML [\n")
+    code = cli.main(["apply-patches", "--project", str(tmp_path), "--output", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert [line for line in err.splitlines() if line.startswith("error:")] and "Traceback" not in err
+    assert not (tmp_path / "out").exists()

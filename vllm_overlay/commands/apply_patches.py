@@ -105,19 +105,12 @@ def _run(args: argparse.Namespace, proj: project.Project, target: Path) -> int:
     from vllm_overlay import apply, apply_record, export, lock, report, series, sources, staging
     from vllm_overlay.store import Store
 
-    try:
-        the_lock = lock.load(proj.lock_file)
-        patches = series.select(series.load_series(proj.patches, allow_empty=False), args.only)
-        store = Store()
-        upstream = sources.obtain(args.upstream, the_lock, store)
-    except (lock.LockError, series.SeriesError, sources.SourceError) as exc:
-        output.error(str(exc))
-        return 2
-    try:
-        staging.check_replaceable(target)  # the user's own directory: refused before anything else
-    except staging.OutputNotOurs as exc:
-        output.error(str(exc))
-        return 2
+    # Input errors (lock, series, upstream, an output this tool did not publish) end in cli.main: exit 2.
+    the_lock = lock.load(proj.lock_file)
+    patches = series.select(series.load_series(proj.patches, allow_empty=False), args.only)
+    store = Store()
+    upstream = sources.obtain(args.upstream, the_lock, store)
+    staging.check_replaceable(target)  # the user's own directory: refused before anything else
 
     def refuse_lost_work() -> None:
         """Under the output's lock, before it is rebuilt (an unchanged output is never replaced)."""
@@ -151,9 +144,6 @@ def _run(args: argparse.Namespace, proj: project.Project, target: Path) -> int:
             before_replace=refuse_lost_work,
             reuse=not args.rebuild,
         )
-    except (apply.ApplyError, sources.SourceError) as exc:
-        output.error(str(exc))
-        return 2
     except git.GitCommandError as exc:  # not a patch's fault (that is a status): the machine's
         output.error(f"git failed: {' '.join(map(str, exc.command))}: {str(exc.stderr).strip()}; {target} unchanged")
         return 2

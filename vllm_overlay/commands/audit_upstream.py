@@ -53,23 +53,19 @@ def run(args: argparse.Namespace) -> int:
     from vllm_overlay.store import Store
 
     proj = project.from_args(args)
-    try:
-        the_lock = lock.load(proj.lock_file)
-        patches = series.load_series(proj.patches)
-        dates = {} if args.offline else sources.release_dates(the_lock.project)
-        result = rebase.run_audit(
-            patches,
-            the_lock,
-            Store(),
-            args.upstream,
-            args.max_age_releases,
-            dates,
-            progress=lambda i, n, name: output.info(f"[{i}/{n}] {name}"),
-            old_spec=args.old,
-        )
-    except (lock.LockError, series.SeriesError, sources.SourceError) as exc:
-        output.error(str(exc))
-        return 2
+    the_lock = lock.load(proj.lock_file)
+    patches = series.load_series(proj.patches)
+    dates = {} if args.offline else sources.release_dates(the_lock.project)
+    result = rebase.run_audit(
+        patches,
+        the_lock,
+        Store(),
+        args.upstream,
+        args.max_age_releases,
+        dates,
+        progress=lambda i, n, name: output.info(f"[{i}/{n}] {name}"),
+        old_spec=args.old,
+    )
     table = markdown(result.rows, result.old.label, result.new.label)
     output.result(table)
     if args.markdown:

@@ -108,9 +108,6 @@ def _run(args: argparse.Namespace, proj: project.Project, repo_dir: Path) -> int
     except bump.BumpError as exc:
         output.error(str(exc))
         return 1
-    except (lock.LockError, series.SeriesError, sources.SourceError) as exc:
-        output.error(str(exc))
-        return 2
     output.result(f"series refreshed onto {relocked.version}: {len(changed)} file(s) changed: {', '.join(changed)}")
     output.result(f"upstream.lock now pins {relocked.project} {relocked.version} (commit {relocked.commit})")
     output.result("until they are committed, `scripts/bump --abort` restores patches/ and upstream.lock")

@@ -42,18 +42,10 @@ def run(args: argparse.Namespace) -> int:
     from vllm_overlay.store import Store
 
     proj = project.from_args(args)
-    try:
-        the_lock = lock.load(proj.lock_file)
-    except lock.LockError as exc:
-        output.error(str(exc))
-        return 2
+    the_lock = lock.load(proj.lock_file)
     store = Store()
     if args.env_python:
-        try:
-            print(envs.ensure(the_lock, store).python)
-        except envs.EnvError as exc:
-            output.error(str(exc))
-            return 2
+        print(envs.ensure(the_lock, store).python)
         return 0
     if args.dry_run and not args.prune:
         output.error("--dry-run only goes with --prune")

@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vllm_overlay import apply, bump, carry, lock, recarry, series, sources  # when run, not for --help
+    from vllm_overlay import bump, carry, recarry  # when run, not for --help
     from vllm_overlay.store import Store
 
     root = project.from_args(args).root
@@ -47,9 +47,6 @@ def run(args: argparse.Namespace) -> int:
     except (recarry.RecarryError, bump.BumpError, carry.CarryError) as exc:
         output.error(str(exc))
         return 1
-    except (lock.LockError, series.SeriesError, sources.SourceError, apply.ApplyError) as exc:
-        output.error(str(exc))
-        return 2
     for name in done.reused:
         output.result(f"reused from the earlier carry: {name}")
     for name in done.anew:

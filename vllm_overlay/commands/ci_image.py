@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from vllm_overlay import project
+from vllm_overlay import errors, output, project
 from vllm_overlay.commands import build_image, docstring_of
 
 __doc__ = docstring_of("vllm_overlay.image_ci")  # shown by --help (cli builds the verb's description from it)
@@ -63,7 +63,11 @@ def run(args: argparse.Namespace) -> int:
         argv += ["--build-arg", f"VLLM_SITE_PACKAGES={site}", *extra]
         parser = argparse.ArgumentParser()
         build_image.add_arguments(parser)
-        return build_image.run(parser.parse_args(argv))
+        try:
+            return build_image.run(parser.parse_args(argv))
+        except errors.InputError as exc:  # as cli.main would answer it: the checks read the exit code
+            output.error(str(exc))
+            return exc.exit_code
 
     options = image_ci.Options(
         python=args.python,

@@ -54,29 +54,21 @@ def run(args: argparse.Namespace) -> int:
         output.error(f"{repo_dir}: no patched repository; run scripts/apply-patches first")
         return 2
 
-    try:
-        with contextlib.ExitStack() as locks:
-            # The tree first, then patches/: the same order in every export, so two never deadlock.
-            for path in [repo_dir] if args.check else [repo_dir, proj.patches]:
-                locks.enter_context(staging.output_lock(path, wait=args.wait, on_wait=output.waiting_for(path)))
-            return _export(args, proj, repo_dir)
-    except staging.OutputBusy as exc:
-        output.error(str(exc))
-        return 2
+    with contextlib.ExitStack() as locks:
+        # The tree first, then patches/: the same order in every export, so two never deadlock.
+        for path in [repo_dir] if args.check else [repo_dir, proj.patches]:
+            locks.enter_context(staging.output_lock(path, wait=args.wait, on_wait=output.waiting_for(path)))
+        return _export(args, proj, repo_dir)
 
 
 def _export(args: argparse.Namespace, proj: project.Project, repo_dir: Path) -> int:
-    from vllm_overlay import export, interrupts, lock, series, staging
+    from vllm_overlay import export, interrupts, lock, staging
 
-    try:
-        if not args.allow_other_upstream:
-            export.check_locked_upstream(repo_dir, lock.load(proj.lock_file).version)
-        exported = export.export_commits(repo_dir)
-        partial = export.is_partial(repo_dir)
-        wanted = export.rendered_partial(exported, proj.patches) if partial else export.rendered(exported)
-    except (export.ExportError, lock.LockError, series.SeriesError) as exc:
-        output.error(str(exc))
-        return 2
+    if not args.allow_other_upstream:
+        export.check_locked_upstream(repo_dir, lock.load(proj.lock_file).version)
+    exported = export.export_commits(repo_dir)
+    partial = export.is_partial(repo_dir)
+    wanted = export.rendered_partial(exported, proj.patches) if partial else export.rendered(exported)
     if args.check:
         diff = export.differences(proj.patches, wanted)
         if diff:

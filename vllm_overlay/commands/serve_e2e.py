@@ -87,8 +87,8 @@ def _engines(text: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vllm_overlay import apply, carry, cpu_runtime, engine, envs, image, lock, series, sources
-    from vllm_overlay.e2e import container, layout, suite
+    from vllm_overlay import carry, cpu_runtime
+    from vllm_overlay.e2e import suite
     from vllm_overlay.store import Store
 
     root = project.from_args(args).root
@@ -120,19 +120,7 @@ def run(args: argparse.Namespace) -> int:
                 image=args.image,
             ),
         )
-    except (
-        cpu_runtime.RuntimeLockError,
-        envs.EnvError,
-        carry.CarryError,
-        layout.LayoutError,
-        lock.LockError,
-        series.SeriesError,
-        sources.SourceError,
-        apply.ApplyError,
-        image.ImageError,
-        container.ContainerError,
-        engine.EngineError,
-    ) as exc:
+    except carry.CarryError as exc:  # a stale carry: input here (carry-cpu, which makes it, exits 1)
         output.error(str(exc))
         return 2
     output.result(suite.render(outcome))

@@ -148,14 +148,10 @@ def _run(args: argparse.Namespace, proj: project.Project, workdir: Path, started
     from vllm_overlay.store import Store
 
     store = Store()
-    try:
-        the_lock = lock.load(proj.lock_file)
-        every = series.load_series(proj.patches)
-        selected = series.select(every, args.only)
-        upstream = sources.obtain(args.upstream, the_lock, store)
-    except (lock.LockError, series.SeriesError, sources.SourceError) as exc:
-        output.error(str(exc))
-        return 2
+    the_lock = lock.load(proj.lock_file)
+    every = series.load_series(proj.patches)
+    selected = series.select(every, args.only)
+    upstream = sources.obtain(args.upstream, the_lock, store)
     if not selected:
         output.error("patches/series lists no patches")
         return 2
@@ -176,19 +172,15 @@ def _run(args: argparse.Namespace, proj: project.Project, workdir: Path, started
     # Apply the prefix the selected patches need.
     patched = workdir / "patched"
     output.info(f"applying {len(prefix)} patch(es) onto upstream {upstream.label} -> {patched}")
-    try:
-        applied = apply.apply_series(
-            prefix,
-            upstream,
-            lambda dest: sources.checkout(store, upstream, dest),
-            patched,
-            apply.Options(),
-            # Unchanged since the last run: answered from the tree's record, nothing rebuilt.
-            inputs=apply_record.inputs_for(the_lock, upstream, (False, False, False), False),
-        )
-    except apply.ApplyError as exc:
-        output.error(str(exc))
-        return 2
+    applied = apply.apply_series(
+        prefix,
+        upstream,
+        lambda dest: sources.checkout(store, upstream, dest),
+        patched,
+        apply.Options(),
+        # Unchanged since the last run: answered from the tree's record, nothing rebuilt.
+        inputs=apply_record.inputs_for(the_lock, upstream, (False, False, False), False),
+    )
     if not applied.ok:
         output.result(report.apply_table(applied))
         failures = [(r.name, f"{r.status}: {r.detail}") for r in applied.results if not r.accepted]

@@ -39,6 +39,7 @@ from pathlib import Path
 from vllm_overlay import dockerd, engine, envs, image, output, record, standins
 from vllm_overlay.cpu_runtime import RuntimeLock
 from vllm_overlay.e2e.server import Server, ServerSpec, command, server_env, stop_group
+from vllm_overlay.errors import InputError
 from vllm_overlay.store import Store
 
 ENGINES = ("podman", "docker")
@@ -61,7 +62,7 @@ RUN_OPTIONS = {
 }
 
 
-class ContainerError(RuntimeError):
+class ContainerError(InputError, RuntimeError):
     """The base or the overlay image cannot be made, or no engine runs containers here."""
 
 

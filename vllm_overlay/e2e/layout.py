@@ -23,11 +23,12 @@ import time
 from pathlib import Path
 
 from vllm_overlay import envs, image, output, record
+from vllm_overlay.errors import InputError
 
 MARKER = ".vllm-overlay-layout"
 
 
-class LayoutError(RuntimeError):
+class LayoutError(InputError, RuntimeError):
     """The pristine runtime is not pristine, or the laid-out copy fails the image's checks."""
 
 
