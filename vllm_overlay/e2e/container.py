@@ -237,10 +237,14 @@ def build_overlay(
     return ref
 
 
-def engine_version(name: str) -> str:
-    """``<engine> --version`` (what the verdict of an image run is also keyed by)."""
-    done = subprocess.run([name, "--version"], capture_output=True, text=True, check=False)
-    return done.stdout.strip() or f"{name}: no version ({done.returncode})"
+def engine_versions(names: str) -> dict[str, str]:
+    """``<engine> --version`` of each engine named ("podman,docker"): what an image run is also keyed by."""
+    found = {}
+    for name in names.split(","):
+        exe = shutil.which(name.strip())
+        done = subprocess.run([exe, "--version"], capture_output=True, text=True, check=False) if exe else None
+        found[name] = (done.stdout.strip() if done else "") or f"{name}: not installed or no version"
+    return found
 
 
 @contextlib.contextmanager

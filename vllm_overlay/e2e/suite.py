@@ -351,7 +351,7 @@ def run(root: Path, options: Options) -> Outcome:
 
         scenario_options = {k: v for k, v in asdict(options).items() if k not in ("out", "verdicts")}
         if options.image:
-            scenario_options["image_engine"] = container.engine_version(options.image)
+            scenario_options["image_engines"] = container.engine_versions(options.image)
         made_of = verdict.inputs(root, pristine.path, pristine.site_packages, scenario_options)
         kept = verdict.load(store.root, verdict.key(made_of))
         if kept is not None:
