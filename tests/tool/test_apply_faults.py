@@ -43,6 +43,9 @@ class Forked:
         if self.pid == 0:  # the child: never returns into pytest
             code = 1
             try:
+                # Ctrl-C as a terminal delivers it: a run started in the background by a shell without
+                # job control (`cmd &` in a script) inherits SIGINT ignored, and Python then keeps it so.
+                signal.signal(signal.SIGINT, signal.default_int_handler)
                 os.dup2(write, 2)
                 sys.stderr = open(2, "w", buffering=1, closefd=False)
                 sys.stdout = open(os.devnull, "w")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -49,7 +50,9 @@ def _children_log(tmp_path: Path, child_env: dict[str, str]) -> tuple[Path, list
         for _ in range(2)
     ]
     log = tmp_path / "server.log"
-    log.write_text(PATCHED_LOG.replace("pid=20", f"pid={procs[0].pid}").replace("pid=30", f"pid={procs[1].pid}"))
+    # One pass, whole pids only: a real pid that starts with "30" must not be rewritten a second time.
+    real = {"20": str(procs[0].pid), "30": str(procs[1].pid)}
+    log.write_text(re.sub(r"pid=(20|30)\b", lambda m: f"pid={real[m.group(1)]}", PATCHED_LOG))
     return log, procs
 
 
