@@ -37,11 +37,15 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 import vllm.v1.executor.multiproc_executor as mp_executor
 from vllm.config import VllmConfig
 from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
 from vllm.v1.executor.multiproc_executor import MultiprocExecutor, WorkerProc
-from vllm.v1.outputs import AsyncModelRunnerOutput
+from vllm.v1.outputs import AsyncModelRunnerOutput, KVConnectorOutput, ModelRunnerOutput
+
+# Bound from the issue: a worker's failure must reach the caller within 1 s.
+DELIVERY_BOUND_S = 1.0
 
 
 class GpuOutput(AsyncModelRunnerOutput):
@@ -218,3 +222,20 @@ class Pipeline:
         self.executor.collective_rpc("stop", non_block=True)
         for t in self.rpc_threads:
             t.join(timeout=2)
+
+
+def outcome_within_bound(pipe: Pipeline, future, what: str) -> tuple[str, Any]:
+    """The future's outcome, which must reach the caller within DELIVERY_BOUND_S."""
+    try:
+        return pipe.resolve_in_background(future).get(timeout=DELIVERY_BOUND_S)
+    except queue.Empty:
+        pytest.fail(f"{what} did not reach the caller within {DELIVERY_BOUND_S}s")
+
+
+def rank_output(rank: int, batch: Any, finished: set[str] | None) -> ModelRunnerOutput:
+    """A rank's real ModelRunnerOutput for ``batch``, with the KV transfers it finished sending."""
+    return ModelRunnerOutput(
+        req_ids=[f"rank {rank} {batch}"],
+        req_id_to_index={f"rank {rank} {batch}": 0},
+        kv_connector_output=KVConnectorOutput(finished_sending=finished),
+    )

@@ -14,22 +14,11 @@ qeo_worker_pipeline.py for each seam and why.
 
 from __future__ import annotations
 
-import queue
 import threading
 from typing import Any
 
 import pytest
-from qeo_worker_pipeline import GpuOutput, Pipeline
-
-# Bound from the issue: the failure must reach the caller within 1 s.
-DELIVERY_BOUND_S = 1.0
-
-
-def outcome_within_bound(pipe: Pipeline, future, what: str) -> tuple[str, Any]:
-    try:
-        return pipe.resolve_in_background(future).get(timeout=DELIVERY_BOUND_S)
-    except queue.Empty:
-        pytest.fail(f"{what} did not reach the caller within {DELIVERY_BOUND_S}s")
+from qeo_worker_pipeline import GpuOutput, Pipeline, outcome_within_bound
 
 
 def test_failure_not_held_behind_stuck_output(monkeypatch):

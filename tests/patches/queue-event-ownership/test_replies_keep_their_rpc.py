@@ -21,9 +21,8 @@ import time
 from typing import Any
 
 import pytest
-from qeo_worker_pipeline import Pipeline
+from qeo_worker_pipeline import Pipeline, rank_output
 from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 
 
 @pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
@@ -108,11 +107,7 @@ def test_fault_tolerance_keeps_kv_notices_of_a_timed_out_rpc(monkeypatch):
             if rank == 0:
                 time.sleep(1.5)
             finished = {"req-0"}
-        return ModelRunnerOutput(
-            req_ids=[f"rank {rank} {batch}"],
-            req_id_to_index={f"rank {rank} {batch}": 0},
-            kv_connector_output=KVConnectorOutput(finished_sending=finished),
-        )
+        return rank_output(rank, batch, finished)
 
     pipe = Pipeline(monkeypatch, step, world_size=2, async_scheduling=False, fault_tolerance=True)
     pipe.executor.kv_output_aggregator = KVOutputAggregator(expected_finished_count=2)

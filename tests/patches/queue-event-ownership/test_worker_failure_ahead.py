@@ -26,19 +26,8 @@ from typing import Any
 
 import pytest
 import vllm.distributed.device_communicators.shm_broadcast as shm_broadcast
-from qeo_worker_pipeline import Pipeline
+from qeo_worker_pipeline import DELIVERY_BOUND_S, Pipeline, outcome_within_bound, rank_output
 from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
-
-# Bound from the issue: the failure must reach the caller within 1 s.
-DELIVERY_BOUND_S = 1.0
-
-
-def outcome_within_bound(pipe: Pipeline, future, what: str) -> tuple[str, Any]:
-    try:
-        return pipe.resolve_in_background(future).get(timeout=DELIVERY_BOUND_S)
-    except queue.Empty:
-        pytest.fail(f"{what} did not reach the caller within {DELIVERY_BOUND_S}s")
 
 
 @pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
@@ -353,11 +342,7 @@ def test_fault_tolerance_keeps_kv_notices_of_a_failed_rpc(monkeypatch):
                 raise RuntimeError("rank 1: CUDA error in batch B")
             assert late.wait(timeout=30)
             finished = {"req-0"}
-        return ModelRunnerOutput(
-            req_ids=[f"rank {rank} {batch}"],
-            req_id_to_index={f"rank {rank} {batch}": 0},
-            kv_connector_output=KVConnectorOutput(finished_sending=finished),
-        )
+        return rank_output(rank, batch, finished)
 
     pipe = Pipeline(monkeypatch, step, world_size=2, async_scheduling=False, fault_tolerance=True)
     pipe.executor.kv_output_aggregator = KVOutputAggregator(expected_finished_count=2)
@@ -399,11 +384,7 @@ def test_fault_tolerance_keeps_kv_notices_read_before_the_failure(monkeypatch):
             if rank == 1:
                 assert late.wait(timeout=30)
             finished = notices_in_b[rank]
-        return ModelRunnerOutput(
-            req_ids=[f"rank {rank} {batch}"],
-            req_id_to_index={f"rank {rank} {batch}": 0},
-            kv_connector_output=KVConnectorOutput(finished_sending=finished),
-        )
+        return rank_output(rank, batch, finished)
 
     pipe = Pipeline(monkeypatch, step, world_size=3, async_scheduling=False, fault_tolerance=True)
     pipe.executor.kv_output_aggregator = KVOutputAggregator(expected_finished_count=3)
