@@ -91,11 +91,13 @@ def _stream_rootfs(tar: Path, site_packages: Path, purelib: str, sink: object) -
     """Write the root filesystem tar then the runtime's site-packages under ``purelib`` to ``sink``."""
     count = 0
     with tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as out:  # type: ignore[arg-type]
+        present = set()
         with tarfile.open(tar) as rootfs:
             for member in rootfs:
                 out.addfile(member, rootfs.extractfile(member) if member.isreg() else None)
+                if member.isdir():
+                    present.add(member.name.removeprefix("./").rstrip("/"))
         prefix = purelib.strip("/")
-        present = {name.removeprefix("./").rstrip("/") for name in rootfs_dirs(tar)}
         parts = prefix.split("/")
         for depth in range(1, len(parts) + 1):  # the directories above site-packages the rootfs lacks
             parent = "/".join(parts[:depth])
@@ -117,11 +119,6 @@ def _stream_rootfs(tar: Path, site_packages: Path, purelib: str, sink: object) -
                 out.addfile(info)
             count += 1
     return count
-
-
-def rootfs_dirs(tar: Path) -> list[str]:
-    with tarfile.open(tar) as rootfs:
-        return [member.name for member in rootfs if member.isdir()]
 
 
 def ensure_base(
@@ -316,21 +313,9 @@ class ContainerServer(Server):
             prefix += ["--runtime", self.engine.options.runtime]
         return [*prefix, "run", *flags, self.ref, *inner]
 
-    def start(self) -> None:
-        self.cidfile.unlink(missing_ok=True)
-        self.log.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(self.log, "wb")
-        self.started = time.monotonic()
-        try:
-            self.proc = subprocess.Popen(
-                self.run_argv(),
-                stdin=subprocess.DEVNULL,
-                stdout=handle,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        finally:
-            handle.close()
+    def launch(self) -> tuple[list[str], dict[str, str] | None]:
+        self.cidfile.unlink(missing_ok=True)  # the engine refuses to overwrite one
+        return self.run_argv(), None  # the container gets only the -e variables of run_argv
 
     def container_id(self) -> str | None:
         try:

@@ -105,21 +105,35 @@ class Server:
     def url(self) -> str:
         return f"http://{HOST}:{self.port}"
 
+    def launch(self) -> tuple[list[str], dict[str, str] | None]:
+        """The command that starts the server and its environment (None: this process's own)."""
+        return ["nice", "-n", str(self.nice), *command(self.spec, self.port)], server_env(self.spec)
+
     def start(self) -> None:
+        argv, env = self.launch()
         self.log.parent.mkdir(parents=True, exist_ok=True)
         handle = open(self.log, "wb")
         self.started = time.monotonic()
         try:
             self.proc = subprocess.Popen(
-                ["nice", "-n", str(self.nice), *command(self.spec, self.port)],
+                argv,
                 stdin=subprocess.DEVNULL,
                 stdout=handle,
                 stderr=subprocess.STDOUT,
-                env=server_env(self.spec),
+                env=env,
                 start_new_session=True,  # its own process group: stopped as one, by its own id
             )
         finally:
             handle.close()
+
+    def run_to_exit(self, timeout: float) -> int | None:
+        """Start the server, expecting it to refuse: its exit status, or None if still up after ``timeout``
+        (then stopped). Stopped on every path."""
+        try:
+            self.start()
+            return self.wait_exit(timeout)
+        finally:
+            self.stop()
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

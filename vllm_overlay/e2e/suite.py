@@ -105,14 +105,11 @@ def tamper(spec: ServerSpec, site_packages: Path, relpath: str, log: Path, timeo
     target = site_packages / relpath
     original = target.read_bytes()
     spec = ServerSpec(**{**asdict(spec), "env": {**spec.env, "PYTHONDONTWRITEBYTECODE": "1"}})
-    server = Server(spec, log)
     try:
         target.unlink()  # a new file: the laid-out copy's inode, never the pristine runtime's
         target.write_bytes(original + TAMPER_MARK)
-        server.start()
-        code = server.wait_exit(timeout)
+        code = Server(spec, log).run_to_exit(timeout)
     finally:
-        server.stop()
         target.unlink()
         target.write_bytes(original)
     return _tamper_result("tamper", code, log, relpath, started, timeout)
@@ -507,11 +504,7 @@ def container_tamper(
     target = f"{made.site_packages}/{relpath}"
     mark = "\\n# altered inside the container by the end-to-end suite\\n"
     server.entrypoint = ["sh", "-c", f"printf '{mark}' >> '{target}' && exec \"$@\"", "sh"]
-    try:
-        server.start()
-        code = server.wait_exit(600)
-    finally:
-        server.stop()
+    code = server.run_to_exit(600)
     return _tamper_result(f"tamper ({eng.name})", code, log, relpath, started, 600)
 
 
@@ -524,12 +517,7 @@ def container_refusal(eng: engine.Engine, made: container.Images, model: Path, l
     started = time.monotonic()
     spec = container.spec_for(f"patched {eng.name} (VLLM_PLUGINS without the overlay's)")
     spec.env["VLLM_PLUGINS"] = EXCLUDING_PLUGINS
-    server = container.ContainerServer(eng, made.overlay, spec, model, log)
-    try:
-        server.start()
-        code = server.wait_exit(300)
-    finally:
-        server.stop()
+    code = container.ContainerServer(eng, made.overlay, spec, model, log).run_to_exit(300)
     text = log.read_text(encoding="utf-8", errors="replace")
     named = "plugins-excluded: VLLM_PLUGINS=" in text
     served = "(APIServer pid=" in text  # any line of vLLM's API server: it started
