@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """How long audit-upstream takes for one release, phase by phase.
 
-Runs the real audit (``vllm_overlay.rebase.run_audit``: both upstreams applied, target drift,
+Runs the real audit (``vllm_overlay.audit.session.run_audit``: both upstreams applied, target drift,
 dependency-API drift, conflict/merge split, broken merges, range-diff) of this checkout's series
 against each given release, ``--repeat`` times, and prints the wall time of every phase and the
 process CPU time. The sdists and the dependency versions come from the store (~/.cache/
@@ -26,7 +26,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from vllm_overlay import lock, rebase, series  # noqa: E402
+from vllm_overlay import lock, series  # noqa: E402
+from vllm_overlay.audit import session  # noqa: E402
 from vllm_overlay.store import Store  # noqa: E402
 
 
@@ -47,7 +48,7 @@ def main() -> int:
     for release in args.releases:
         for attempt in range(1, args.repeat + 1):
             cpu, start = cpu_seconds(), time.monotonic()
-            result = rebase.run_audit(patches, the_lock, Store(), release, 3, None)
+            result = session.run_audit(patches, the_lock, Store(), release, 3, None)
             wall, used = time.monotonic() - start, cpu_seconds() - cpu
             phases = ", ".join(f"{phase} {sec:.1f}" for phase, sec in result.seconds.items() if phase != "total")
             print(f"{release} run {attempt}: {wall:.1f} s wall, {used:.1f} s CPU (this process and git); {phases}")

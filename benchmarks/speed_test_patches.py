@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """test-patches with nothing changed (issue 24: under 10 s wall), and its environment check.
 
-1. The environment check alone, ALTERNATELY: the stat-kept proof ``envs.ensure`` uses now
+1. The environment check alone, ALTERNATELY: the stat-kept proof ``testenv.ensure`` uses now
    (``envproof.verify``: only files whose stat changed are hashed) beside the full RECORD hash
    every run used to pay (``record.verify_distribution``), on the cached test environment.
 2. ``scripts/test-patches`` on this checkout, ``--repeat`` times after one priming run (which may
@@ -29,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from vllm_overlay import envproof, envs, lock, record  # noqa: E402
+from vllm_overlay import envproof, lock, record, testenv  # noqa: E402
 from vllm_overlay.store import Store  # noqa: E402
 
 
@@ -41,7 +41,7 @@ def timed(function) -> tuple[float, float, object]:
 
 def environment_check(repeat: int) -> None:
     the_lock = lock.load(REPO / "upstream.lock")
-    env = envs.ensure(the_lock, Store())  # builds it if missing; leaves a proof
+    env = testenv.ensure(the_lock, Store())  # builds it if missing; leaves a proof
     proof_now, full = [], []
     with tempfile.TemporaryDirectory() as tmp:
         proof = Path(tmp) / "env.proof.json"

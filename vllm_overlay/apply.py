@@ -22,7 +22,7 @@ from vllm_overlay import apply_record, faults, interrupts, linkcopy, paths, stag
 from vllm_overlay.classify import FUZZ_CONTEXT, PatchResult, Status, apply_check, classify
 from vllm_overlay.errors import InputError
 from vllm_overlay.series import PATCH_FILE_TRAILER, Patch, as_git_am_reads
-from vllm_overlay.sources import Upstream
+from vllm_overlay.upstream_trees import Upstream
 
 CONFIG_UPSTREAM = "vllm-overlay.upstream"
 

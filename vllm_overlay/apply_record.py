@@ -29,7 +29,7 @@ from vllm_overlay import lock as lockfile
 from vllm_overlay.classify import HunkNote, PatchResult, Status
 from vllm_overlay.lock import Lock
 from vllm_overlay.series import Patch, as_git_am_reads
-from vllm_overlay.sources import Upstream
+from vllm_overlay.upstream_trees import Upstream
 
 RECORD_FILE = "vllm-overlay-applied.json"
 FORMAT = 1
@@ -37,7 +37,7 @@ BRANCH = "patched"
 # The modules whose code decides what a tree holds: a record made by other code is not reused.
 _ENGINE_MODULES = (
     *("apply.py", "apply_record.py", "classify.py", "linkcopy.py"),
-    *("paths.py", "series.py", "sources.py", "staging.py"),
+    *("paths.py", "series.py", "staging.py", "upstream_trees.py"),
 )
 
 

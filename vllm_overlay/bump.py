@@ -24,8 +24,9 @@ from pathlib import Path
 import git
 from packaging.version import InvalidVersion, Version
 
-from vllm_overlay import apply, dependencies, export, sources
+from vllm_overlay import apply, export, upstream_trees
 from vllm_overlay import lock as lockfile
+from vllm_overlay.audit import dependencies
 from vllm_overlay.lock import Artifact, Lock
 from vllm_overlay.series import PATCH_FILE_TRAILER, Patch, as_git_am_reads
 from vllm_overlay.store import Store
@@ -140,7 +141,7 @@ def conflict_help(repo: git.Repo) -> str:
 
 
 def start(
-    patches: list[Patch], upstream: sources.Upstream, store: Store, repo_dir: Path, spec: str, seed_base: str
+    patches: list[Patch], upstream: upstream_trees.Upstream, store: Store, repo_dir: Path, spec: str, seed_base: str
 ) -> git.Repo:
     """Check out the new upstream into ``repo_dir`` and ``git am --3way`` the series onto it.
 
@@ -161,7 +162,7 @@ def start(
             )
         refuse_foreign(repo_dir)
         shutil.rmtree(repo_dir)
-    repo = sources.checkout(store, upstream, repo_dir)
+    repo = upstream_trees.checkout(store, upstream, repo_dir)
     BumpState(spec, upstream.to_json()).save(repo_dir)  # first: from now on --abort knows it is ours
     repo.git.config(apply.CONFIG_UPSTREAM, upstream.commit)
     enable_rerere(repo, repo_dir)
@@ -367,11 +368,11 @@ def pins_from_metadata(pkg_info: str) -> dict[str, str]:
     return {name: pins[name] for name in PINNED if name in pins}
 
 
-def new_lock(old: Lock, upstream: sources.Upstream, store: Store) -> Lock:
+def new_lock(old: Lock, upstream: upstream_trees.Upstream, store: Store) -> Lock:
     """The lock for a published release, every value taken from the release and the index."""
     if upstream.kind not in ("release", "locked") or not upstream.version:
         raise BumpError("bump re-locks only to a published release (give a version number)")
-    files = {entry.filename: entry for entry in sources.release_files(old.project, upstream.version)}
+    files = {entry.filename: entry for entry in upstream_trees.release_files(old.project, upstream.version)}
     sdist_name = f"{old.project}-{upstream.version}.tar.gz"
     if sdist_name not in files:
         raise BumpError(f"the index has no {sdist_name}")

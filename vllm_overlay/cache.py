@@ -18,7 +18,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_overlay import envs, output
+from vllm_overlay import output, testenv
 from vllm_overlay.lock import Lock
 from vllm_overlay.store import Store
 from vllm_overlay.testrun import verdict_store
@@ -43,7 +43,7 @@ class Entry:
 
 
 def current_key(lock: Lock) -> str:
-    return envs.env_key(lock, envs.requirements(lock))
+    return testenv.env_key(lock, testenv.requirements(lock))
 
 
 def disk_usage(path: Path) -> int:

@@ -17,8 +17,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_overlay import apply, image, lock, series, sources
+from vllm_overlay import apply, lock, series, upstream_trees
 from vllm_overlay.cpu_runtime import RuntimeLock
+from vllm_overlay.image import build_context
 from vllm_overlay.project import Project
 from vllm_overlay.store import Store
 
@@ -54,8 +55,8 @@ class CarryProject(Project):
 
 
 def series_digest(patches_dir: Path) -> str:
-    """The series' sha256 as the image's manifest and labels state it (``image.series_sha256``)."""
-    return image.series_sha256(series.load_series(patches_dir))
+    """The series' sha256 as the image's manifest and labels state it (``build_context.series_sha256``)."""
+    return build_context.series_sha256(series.load_series(patches_dir))
 
 
 def recorded_source(proj: CarryProject) -> str:
@@ -97,11 +98,11 @@ def runtime_only_problems(patches: list[series.Patch], runtime: RuntimeLock) -> 
 def build_tree(proj: CarryProject, the_lock: lock.Lock, store: Store, dest: Path | None = None) -> apply.Report:
     """Apply the carried series onto its locked tree into ``dest`` (default build/cpu/patched), strictly."""
     patches = series.load_series(proj.patches, allow_empty=False)
-    upstream = sources.obtain(None, the_lock, store)
+    upstream = upstream_trees.obtain(None, the_lock, store)
     report = apply.apply_series(
         patches,
         upstream,
-        lambda target: sources.checkout(store, upstream, target),
+        lambda target: upstream_trees.checkout(store, upstream, target),
         (dest or proj.patched_tree).resolve(),
         apply.Options(),
     )
@@ -114,13 +115,15 @@ def build_tree(proj: CarryProject, the_lock: lock.Lock, store: Store, dest: Path
     return report
 
 
-def stage(proj: CarryProject, the_lock: lock.Lock, runtime: RuntimeLock, tree: Path, dest: Path) -> image.Staging:
+def stage(
+    proj: CarryProject, the_lock: lock.Lock, runtime: RuntimeLock, tree: Path, dest: Path
+) -> build_context.Staging:
     """The image's build context for the carried series: one layer per series, overlay, manifest."""
     patches = series.load_series(proj.patches, allow_empty=False)
     problems = runtime_only_problems(patches, runtime)
     if problems:
         raise CarryError("; ".join(problems))
-    return image.stage(proj, the_lock, patches, tree=tree, dest=dest, distribution=runtime.project)
+    return build_context.stage(proj, the_lock, patches, tree=tree, dest=dest, distribution=runtime.project)
 
 
 def range_diff(main_tree: Path, carried_tree: Path) -> str:

@@ -5,7 +5,7 @@ machines without a GPU. vLLM publishes a CPU build of the release before the loc
 so the runtime is that wheel, pinned by sha256 in cpu/runtime.lock, and the series is carried onto
 that release's tree (vllm_overlay.carry).
 
-The environment is built with the test environment's machinery (vllm_overlay.envs.build_published):
+The environment is built with the test environment's machinery (vllm_overlay.testenv.build_published):
 published atomically, only after the installed distribution has been proven pristine against its
 wheel's RECORD, and keyed by the lock's bytes, the requirements and the interpreter. The wheel is
 downloaded from the configured index and checked against the locked sha256 before pip sees it;
@@ -27,7 +27,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from vllm_overlay import envs, output, record, sources
+from vllm_overlay import output, record, testenv, upstream_trees
 from vllm_overlay.errors import InputError
 from vllm_overlay.lock import SHA256_RE
 from vllm_overlay.store import Store
@@ -119,16 +119,16 @@ def load(path: Path) -> RuntimeLock:
 def fetch_wheel(the_lock: RuntimeLock, store: Store) -> Path:
     """The locked wheel in the download cache, fetched from the configured index if missing."""
     dest = store.downloads / the_lock.wheel_filename
-    if dest.is_file() and sources.sha256_file(dest) == the_lock.wheel_sha256:
+    if dest.is_file() and upstream_trees.sha256_file(dest) == the_lock.wheel_sha256:
         return dest
-    for entry in sources.release_files(the_lock.project, the_lock.version):
+    for entry in upstream_trees.release_files(the_lock.project, the_lock.version):
         if entry.filename == the_lock.wheel_filename:
             if entry.sha256 and entry.sha256 != the_lock.wheel_sha256:
                 raise RuntimeLockError(
                     f"the index states sha256 {entry.sha256} for {entry.filename}; {LOCK_NAME} pins "
                     f"{the_lock.wheel_sha256}"
                 )
-            return sources.download(entry.url, dest, the_lock.wheel_sha256, entry.size)
+            return upstream_trees.download(entry.url, dest, the_lock.wheel_sha256, entry.size)
     raise RuntimeLockError(f"the package index lists no {the_lock.wheel_filename}")
 
 
@@ -181,7 +181,7 @@ def cached_key(store: Store, lock_path: Path | None = None) -> str | None:
     except RuntimeLockError:
         return None
     wheel = store.downloads / the_lock.wheel_filename
-    if not wheel.is_file() or sources.sha256_file(wheel) != the_lock.wheel_sha256:
+    if not wheel.is_file() or upstream_trees.sha256_file(wheel) != the_lock.wheel_sha256:
         return None
     try:
         return runtime_key(the_lock, wheel_requirements(wheel, the_lock))
@@ -189,7 +189,7 @@ def cached_key(store: Store, lock_path: Path | None = None) -> str | None:
         return None
 
 
-def ensure(the_lock: RuntimeLock, store: Store, *, nice: int = 10) -> envs.Env:
+def ensure(the_lock: RuntimeLock, store: Store, *, nice: int = 10) -> testenv.Env:
     """The cached CPU runtime, verified pristine per RECORD; built (about 10 minutes) when missing."""
     with store.exclusive(STORE_LOCK):
         wheel = fetch_wheel(the_lock, store)
@@ -197,9 +197,9 @@ def ensure(the_lock: RuntimeLock, store: Store, *, nice: int = 10) -> envs.Env:
         key = runtime_key(the_lock, reqs)
         link = store.envs / key
         store.envs.mkdir(parents=True, exist_ok=True)
-        marker = link / envs.MARKER
+        marker = link / testenv.MARKER
         if marker.is_file() and marker.read_text(encoding="utf-8").split("\n", 1)[0] == key:
-            env = envs.describe(link, key, managed=True)
+            env = testenv.describe(link, key, managed=True)
             started = time.monotonic()
             problems = record.verify_distribution(env.site_packages, the_lock.project)
             if not problems:
@@ -210,7 +210,7 @@ def ensure(the_lock: RuntimeLock, store: Store, *, nice: int = 10) -> envs.Env:
                 return env
             output.warn(f"CPU runtime {link} is not pristine ({problems[0]}, ...); rebuilding it")
         installs = [["--upgrade", "pip"], ["--no-deps", str(wheel)], reqs]
-        env = envs.build_published(
+        env = testenv.build_published(
             store,
             key,
             link,
@@ -221,7 +221,7 @@ def ensure(the_lock: RuntimeLock, store: Store, *, nice: int = 10) -> envs.Env:
             size_hint="~10 min, ~3.5 GB",
             nice=nice,
         )
-    present = envs.missing_modules(env.python, list(the_lock.exclude))
+    present = testenv.missing_modules(env.python, list(the_lock.exclude))
     if len(present) != len(the_lock.exclude):
         output.warn(f"the CPU runtime holds an excluded module: {sorted(set(the_lock.exclude) - set(present))}")
     return env

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import git
 
-from vllm_overlay import atomicfile, faults, interrupts, sources
+from vllm_overlay import atomicfile, faults, interrupts, upstream_trees
 from vllm_overlay.apply import CONFIG_PARTIAL, CONFIG_UPSTREAM
 from vllm_overlay.errors import InputError
 from vllm_overlay.series import (
@@ -139,7 +139,9 @@ def base_release(repo_dir: Path) -> tuple[str, list[str], str | None]:
     repo = git.Repo(repo_dir)
     base = upstream_base(repo)
     tags = repo.git.tag("--points-at", base).split()
-    file_version = sources.version_field(sources.version_file_of_commit(repo, base), sources.VERSION_RE_IN_FILE)
+    file_version = upstream_trees.version_field(
+        upstream_trees.version_file_of_commit(repo, base), upstream_trees.VERSION_RE_IN_FILE
+    )
     return base, tags, file_version
 
 

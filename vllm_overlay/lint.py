@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from vllm_overlay import dependencies, lock, paths
+from vllm_overlay import lock, paths
+from vllm_overlay.audit import dependencies
 from vllm_overlay.series import (
     ONE_OF_FIELDS,
     REQUIRED_FIELDS,

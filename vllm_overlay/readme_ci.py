@@ -32,9 +32,10 @@ from pathlib import Path
 
 import git
 
-from vllm_overlay import engine, output, project
-from vllm_overlay.image_ci import index_build_args, use_storage
-from vllm_overlay.standins import (
+from vllm_overlay import output, project
+from vllm_overlay.image import engine
+from vllm_overlay.image.ci_checks import index_build_args, use_storage
+from vllm_overlay.image.standins import (
     TOOL_PACKAGES,
     TOOL_STANDIN,
     apt_mirror,

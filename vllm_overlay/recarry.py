@@ -32,7 +32,7 @@ from pathlib import Path
 import git
 import unidiff
 
-from vllm_overlay import atomicfile, bump, carry, export, lock, series, sources
+from vllm_overlay import atomicfile, bump, carry, export, lock, series, upstream_trees
 from vllm_overlay.store import Store
 
 WORK_DIR = "carry-cpu"
@@ -251,9 +251,9 @@ def start(root: Path, store: Store) -> Outcome:
     }
     atomicfile.write_bytes(paths.source, json.dumps(source, indent=1, sort_keys=True).encode("utf-8"))
     the_lock = lock.load(paths.scratch / lock.LOCK_NAME)
-    upstream = sources.obtain(cpu_lock.version, the_lock, store)
+    upstream = upstream_trees.obtain(cpu_lock.version, the_lock, store)
     bump.check_direction(the_lock.version, upstream.version or cpu_lock.version, allow_downgrade=True)
-    locked = sources.obtain(None, the_lock, store)
+    locked = upstream_trees.obtain(None, the_lock, store)
     outcome = Outcome()
     try:
         bump.start(series.load_series(paths.scratch / "patches"), upstream, store, paths.repo, cpu_lock.version,
@@ -290,7 +290,9 @@ def finish(root: Path, store: Store, outcome: Outcome) -> Outcome:
     if file_digests(root / "patches") != source["digests"]:
         raise RecarryError("patches/ changed while it was carried: --abort and start again")
     state = bump.BumpState.load(paths.repo)
-    relocked = bump.new_lock(lock.load(paths.scratch / lock.LOCK_NAME), sources.Upstream(**state.upstream), store)  # type: ignore[arg-type]
+    relocked = bump.new_lock(
+        lock.load(paths.scratch / lock.LOCK_NAME), upstream_trees.Upstream(**state.upstream), store
+    )  # type: ignore[arg-type]
     undefined = undefined_names(paths.repo, state.upstream["commit"])
     if undefined:
         raise RecarryError(

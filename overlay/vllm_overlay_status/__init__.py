@@ -19,7 +19,7 @@ from pathlib import Path
 __version__ = "0.1.0"
 
 MANIFEST_NAME = "manifest.json"
-# The CycloneDX SBOM build-image writes beside the manifest (vllm_overlay.sbom makes it).
+# The CycloneDX SBOM build-image writes beside the manifest (vllm_overlay.image.sbom makes it).
 SBOM_NAME = "sbom.cdx.json"
 MANIFEST_FORMAT = 1
 # Points at another manifest (e.g. to check a site-packages against a manifest kept elsewhere).

@@ -14,8 +14,8 @@ import pytest
 from tests.tool.conftest import REPO_ROOT, replace_line, write_upstream
 from tests.tool.test_apply import change_line_20
 from tests.tool.test_apply_faults import Forked, alive, wait_for
-from vllm_overlay import bump, cli, lock, series, sources
-from vllm_overlay.commands import bump_upstream
+from vllm_overlay import bump, cli, lock, series, upstream_trees
+from vllm_overlay.commands import bump as bump_command
 from vllm_overlay.store import Store
 
 
@@ -35,7 +35,7 @@ def conflicting(project, make_patch, tmp_path, store_env):
     replace_line(new / "vllm" / "core.py", "line_5 = 5\n", "line_5 = 5  # upstream\n")
     the_lock = lock.load(project / "upstream.lock")
     store = Store()
-    return store, sources.obtain(str(old), the_lock, store), sources.obtain(str(new), the_lock, store)
+    return store, upstream_trees.obtain(str(old), the_lock, store), upstream_trees.obtain(str(new), the_lock, store)
 
 
 def resolve_by_hand(repo_dir):
@@ -82,7 +82,7 @@ def command(project, conflicting, monkeypatch):
     _store, old_up, new_up = conflicting
     the_lock = lock.load(project / "upstream.lock")
     release = dataclasses.replace(new_up, kind="release", version="0.34.0")
-    monkeypatch.setattr(sources, "obtain", lambda spec, lk, st: old_up if spec is None else release)
+    monkeypatch.setattr(upstream_trees, "obtain", lambda spec, lk, st: old_up if spec is None else release)
     relocked = dataclasses.replace(the_lock, version="0.34.0", sdist=lock.Artifact("vllm-0.34.0.tar.gz", "d" * 64))
     monkeypatch.setattr(bump, "new_lock", lambda old, upstream, st: relocked)
     tests_pass = {"value": True}
@@ -94,7 +94,7 @@ def command(project, conflicting, monkeypatch):
         return real_main(argv)
 
     monkeypatch.setattr(cli, "main", main)
-    monkeypatch.setattr(bump_upstream.cli, "main", main)
+    monkeypatch.setattr(bump_command.cli, "main", main)
 
     def run(*args):
         return real_main(["bump", "--project", str(project), *args])
@@ -149,9 +149,9 @@ def test_a_downgrade_is_refused_by_the_command(project, command, monkeypatch, ca
     run, _ = command
     relocked = lock.load(REPO_ROOT / "upstream.lock")
     assert relocked.version == "0.33.0"
-    real = sources.obtain
+    real = upstream_trees.obtain
     monkeypatch.setattr(
-        sources, "obtain", lambda spec, lk, st: dataclasses.replace(real(spec, lk, st), version="0.1.0")
+        upstream_trees, "obtain", lambda spec, lk, st: dataclasses.replace(real(spec, lk, st), version="0.1.0")
     )
     assert run("0.1.0") == 1
     assert "downgrade needs --allow-downgrade" in capsys.readouterr().err

@@ -12,7 +12,7 @@ from vllm_overlay.store import Store
 
 
 def fake_environment(store: Store, key: str, payload: int) -> Path:
-    """A published environment as envs.ensure leaves it: a hidden build dir and a symlink to it."""
+    """A published environment as testenv.ensure leaves it: a hidden build dir and a symlink to it."""
     real = store.envs / f".{key}.123-456"
     (real / "bin").mkdir(parents=True)
     (real / "bin" / "python").write_bytes(b"x" * payload)
@@ -72,9 +72,9 @@ def test_tool_requirements_of_an_installed_tool_come_from_its_metadata(tmp_path,
     """
     import tomllib
 
-    from vllm_overlay import envs
+    from vllm_overlay import testenv
 
-    from_checkout = envs.tool_requirements()
+    from_checkout = testenv.tool_requirements()
     project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
     site = tmp_path / "site"
     dist_info = site / "vllm_overlay_installed_copy-0.1.0.dist-info"
@@ -84,13 +84,13 @@ def test_tool_requirements_of_an_installed_tool_come_from_its_metadata(tmp_path,
     metadata = ["Metadata-Version: 2.1", "Name: vllm-overlay-installed-copy", "Version: 0.1.0", *requires]
     (dist_info / "METADATA").write_text("\n".join(metadata) + "\n")
     monkeypatch.syspath_prepend(str(site))
-    monkeypatch.setattr(envs, "TOOL_PYPROJECT", tmp_path / "absent" / "pyproject.toml")
-    monkeypatch.setattr(envs, "TOOL_DISTRIBUTION", "vllm-overlay-installed-copy")
-    assert envs.tool_requirements() == from_checkout
+    monkeypatch.setattr(testenv, "TOOL_PYPROJECT", tmp_path / "absent" / "pyproject.toml")
+    monkeypatch.setattr(testenv, "TOOL_DISTRIBUTION", "vllm-overlay-installed-copy")
+    assert testenv.tool_requirements() == from_checkout
     assert not any("extra" in text or text.startswith("pytest") for text in from_checkout)
-    monkeypatch.setattr(envs, "TOOL_DISTRIBUTION", "vllm-overlay-not-installed")
-    with pytest.raises(envs.EnvError, match="dependencies"):
-        envs.tool_requirements()
+    monkeypatch.setattr(testenv, "TOOL_DISTRIBUTION", "vllm-overlay-not-installed")
+    with pytest.raises(testenv.EnvError, match="dependencies"):
+        testenv.tool_requirements()
 
 
 def test_prune_keeps_the_cpu_runtime_of_this_checkout(project, store_env, monkeypatch):

@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from tests.tool.conftest import REPO_ROOT
-from vllm_overlay import cli, envs
-from vllm_overlay.commands import test_patches
+from vllm_overlay import cli, testenv
+from vllm_overlay.commands import patch_tests
 
 # Imported only by the work of a verb: GitPython, the SBOM library and its schema validator, the
 # test runner, the apply engine, the index reader.
@@ -51,16 +51,23 @@ def test_the_help_of_the_verb_run_is_its_full_help(capsys):
 
 
 def test_test_patches_names_the_environment_variable_envs_reads():
-    assert test_patches.ENV_VAR == envs.ENV_VAR
+    assert patch_tests.ENV_VAR == testenv.ENV_VAR
 
 
 def test_every_input_error_of_every_verb_ends_in_one_line_and_exit_2(tmp_path, capsys):
     """One error path: a verb raises its input error, cli.main says it in one line and exits 2."""
-    from vllm_overlay import apply, engine, errors, export, image, lock, report, series, sources, staging
+    from vllm_overlay import apply, errors, export, lock, report, series, staging, upstream_trees
     from vllm_overlay.e2e import container, layout
+    from vllm_overlay.image import build_context, engine
 
-    families = [lock.LockError, series.SeriesError, sources.SourceError, image.ImageError, apply.ApplyError]
-    families += [export.ExportError, envs.EnvError, engine.EngineError, report.ReportPathError]
+    families = [
+        lock.LockError,
+        series.SeriesError,
+        upstream_trees.SourceError,
+        build_context.ImageError,
+        apply.ApplyError,
+    ]
+    families += [export.ExportError, testenv.EnvError, engine.EngineError, report.ReportPathError]
     families += [staging.OutputBusy, staging.OutputNotOurs, container.ContainerError, layout.LayoutError]
     assert all(issubclass(family, errors.InputError) for family in families)
     (tmp_path / "upstream.lock").write_text("this is not TOML [\n")

@@ -8,7 +8,8 @@ import zipfile
 import pytest
 
 from tests.tool.test_apply import change_line_20
-from vllm_overlay import apply, audit, dependencies, lint, sources, targets
+from vllm_overlay import apply, lint, upstream_trees
+from vllm_overlay.audit import decisions, dependencies, targets
 from vllm_overlay.series import load_series
 from vllm_overlay.store import Store
 
@@ -18,14 +19,14 @@ PACKAGE_INIT = "from .impl import Wrapper as Wrapper\n"
 TARGET = dependencies.DependencyTarget.parse("Demo_Lib:demolib:Wrapper.__init__")
 
 
-def make_wheel(tmp_path, version: str, impl: str) -> sources.IndexFile:
+def make_wheel(tmp_path, version: str, impl: str) -> upstream_trees.IndexFile:
     path = tmp_path / f"demo_lib-{version}-py3-none-any.whl"
     with zipfile.ZipFile(path, "w") as wheel:
         wheel.writestr("demolib/__init__.py", PACKAGE_INIT)
         wheel.writestr("demolib/impl.py", impl)
         wheel.writestr("demo_lib-1.dist-info/METADATA", "Name: demo-lib\n")
     sha = hashlib.sha256(path.read_bytes()).hexdigest()
-    return sources.IndexFile(path.name, path.as_uri(), sha, path.stat().st_size)
+    return upstream_trees.IndexFile(path.name, path.as_uri(), sha, path.stat().st_size)
 
 
 @pytest.fixture
@@ -37,10 +38,10 @@ def index(tmp_path, monkeypatch):
     def release_files(project, version):
         asked.append((project, version))
         if version not in files:
-            raise sources.SourceError(f"the package index lists no files for {project} {version}")
+            raise upstream_trees.SourceError(f"the package index lists no files for {project} {version}")
         return [files[version]]
 
-    monkeypatch.setattr(sources, "release_files", release_files)
+    monkeypatch.setattr(upstream_trees, "release_files", release_files)
     return asked
 
 
@@ -100,11 +101,11 @@ def test_a_clean_patch_is_no_keep_when_its_dependency_changed(store_env, index, 
     clean = apply.PatchResult(patches[0].name, "demo", "uses lib", apply.Status.CLEAN, True)
     store = Store()
     same = dependencies.drift_by_patch(patches, {"demo-lib": "1.0"}, {"demo_lib": "1.0"}, store)
-    assert audit.decide(clean, [], same[patches[0].name])[0] is audit.Decision.KEEP
+    assert decisions.decide(clean, [], same[patches[0].name])[0] is decisions.Decision.KEEP
     moved = dependencies.drift_by_patch(patches, {"demo-lib": "1.0"}, {"demo-lib": "2.0"}, store)
-    decision, reason = audit.decide(clean, [], moved[patches[0].name])
-    assert decision is audit.Decision.REFRESH
+    decision, reason = decisions.decide(clean, [], moved[patches[0].name])
+    assert decision is decisions.Decision.REFRESH
     assert "demo-lib 1.0 -> 2.0: demolib:Wrapper.__init__ changed" in reason and "shared" in reason
     unknown = dependencies.drift_by_patch(patches, {"demo-lib": "1.0"}, {"demo-lib": "3.0"}, store)
-    decision, reason = audit.decide(clean, [], unknown[patches[0].name])
-    assert decision is audit.Decision.REFRESH and "not checked" in reason and "demo-lib 3.0" in reason
+    decision, reason = decisions.decide(clean, [], unknown[patches[0].name])
+    assert decision is decisions.Decision.REFRESH and "not checked" in reason and "demo-lib 3.0" in reason

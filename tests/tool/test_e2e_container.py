@@ -9,8 +9,8 @@ import tarfile
 from pathlib import Path
 
 from tests.tool.conftest import REPO_ROOT
-from vllm_overlay import engine
 from vllm_overlay.e2e import container
+from vllm_overlay.image import engine
 
 
 def _load_preflight():

@@ -134,9 +134,9 @@ def test_verdict_key_covers_what_decides_the_run(tmp_path, monkeypatch):
     files = made_of["files"]
     # What serve-e2e runs, found from its imports; and the runtime-side modules of the e2e package.
     needed = ["vllm_overlay/e2e/suite.py", "vllm_overlay/e2e/scenarios.py", "vllm_overlay/e2e/model.py"]
-    needed += ["vllm_overlay/e2e/tp_probe.py", "vllm_overlay/carry.py", "vllm_overlay/image.py"]
+    needed += ["vllm_overlay/e2e/tp_probe.py", "vllm_overlay/carry.py", "vllm_overlay/image/build_context.py"]
     needed += ["vllm_overlay/record.py", "cpu/runtime.lock", "cpu/upstream.lock", "cpu/patches/series"]
-    needed += ["Dockerfile", "vllm_overlay/e2e/container.py", "vllm_overlay/standins.py"]
+    needed += ["Dockerfile", "vllm_overlay/e2e/container.py", "vllm_overlay/image/standins.py"]
     for name in needed:
         assert name in files, name
     assert not any(name.startswith("vllm_overlay/commands/bump") for name in files)
@@ -152,7 +152,7 @@ def test_verdict_key_covers_what_decides_the_run(tmp_path, monkeypatch):
     for edit in (
         lambda: (root / "cpu" / "patches" / "series").write_text("# changed\n"),
         lambda: (root / "vllm_overlay" / "e2e" / "model.py").write_text("# another model recipe\n"),
-        lambda: (root / "vllm_overlay" / "image.py").write_text("# another staging\n"),
+        lambda: (root / "vllm_overlay" / "image" / "build_context.py").write_text("# another staging\n"),
         lambda: (root / "overlay" / "extra.txt").write_text("shipped\n"),
         lambda: (root / "Dockerfile").write_text("FROM another\n"),
         lambda: (site / "torch-2.13.0+cpu.dist-info").mkdir(),

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.tool.test_apply import change_line_20, run_apply
-from vllm_overlay import lock, sources
+from vllm_overlay import lock, upstream_trees
 from vllm_overlay.store import Store
 
 
@@ -36,7 +36,7 @@ def test_download_follows_the_umask(tmp_path, umask_022):
     served = tmp_path / "served.tar.gz"
     served.write_bytes(b"an sdist")
     dest = tmp_path / "downloads" / "vllm-9.9.9.tar.gz"
-    sources.download(served.as_uri(), dest, hashlib.sha256(b"an sdist").hexdigest())
+    upstream_trees.download(served.as_uri(), dest, hashlib.sha256(b"an sdist").hexdigest())
     assert dest.read_bytes() == b"an sdist"
     assert mode(dest) == 0o644
     assert sorted(p.name for p in dest.parent.iterdir()) == ["vllm-9.9.9.tar.gz"]
@@ -49,7 +49,7 @@ def test_next_run_removes_a_killed_download_and_import(project, upstream_dir, st
     leftover.write_bytes(b"half an sdist")
     unpacking = store.root / ".unpack-abcd1234" / "vllm-0.33.0"  # what a kill mid-import leaves
     unpacking.mkdir(parents=True)
-    sources.obtain(str(upstream_dir), lock.load(project / "upstream.lock"), store)
+    upstream_trees.obtain(str(upstream_dir), lock.load(project / "upstream.lock"), store)
     assert not leftover.exists() and not unpacking.parent.exists()
 
 

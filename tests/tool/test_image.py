@@ -11,7 +11,8 @@ import pytest
 
 from tests.tool.conftest import REPO_ROOT, replace_line, write_upstream
 from tests.tool.test_apply import run_apply
-from vllm_overlay import apply, cli, image, lock, series, sources
+from vllm_overlay import apply, cli, lock, series, upstream_trees
+from vllm_overlay.image import build_context
 from vllm_overlay.project import Project
 from vllm_overlay.store import Store
 
@@ -45,9 +46,9 @@ def image_project(project: Path) -> Path:
 def apply_no_patches(project: Path, upstream: Path) -> None:
     """build/patched as the pristine upstream: apply-patches refuses an empty series, the engine does not."""
     store = Store()
-    up = sources.obtain(str(upstream), lock.load(project / "upstream.lock"), store)
+    up = upstream_trees.obtain(str(upstream), lock.load(project / "upstream.lock"), store)
     result = apply.apply_series(
-        [], up, lambda d: sources.checkout(store, up, d), project / "build/patched", apply.Options()
+        [], up, lambda d: upstream_trees.checkout(store, up, d), project / "build/patched", apply.Options()
     )
     assert result.ok
 
@@ -67,9 +68,9 @@ def two_series(make_patch, upstream_dir):
     )
 
 
-def do_stage(project: Path, epoch: int = 1_700_000_000) -> image.Staging:
+def do_stage(project: Path, epoch: int = 1_700_000_000) -> build_context.Staging:
     proj = Project(project)
-    return image.stage(proj, lock.load(proj.lock_file), series.load_series(proj.patches), epoch=epoch)
+    return build_context.stage(proj, lock.load(proj.lock_file), series.load_series(proj.patches), epoch=epoch)
 
 
 def tree_digest(root: Path) -> str:
@@ -144,8 +145,8 @@ def test_staged_dockerfile_is_the_projects_with_the_staged_files_as_first_stage(
     two_series(make_patch, upstream_dir)
     assert run_apply(image_project, upstream_dir)[0] == 0
     proj = Project(image_project)
-    staging = do_stage(image_project, epoch=image.series_epoch(series.load_series(proj.patches)))
-    assert image.sync_dockerfile(proj, staging)
+    staging = do_stage(image_project, epoch=build_context.series_epoch(series.load_series(proj.patches)))
+    assert build_context.sync_dockerfile(proj, staging)
     root_head, root_image = stages((image_project / "Dockerfile").read_text())
     staged_head, staged_image = stages(staging.dockerfile.read_text())
     assert "FROM ${TOOL_IMAGE} AS series" in root_head and "vllm-overlay apply-patches" in root_head
@@ -154,8 +155,8 @@ def test_staged_dockerfile_is_the_projects_with_the_staged_files_as_first_stage(
     per_build = {"OVERLAY_REVISION", "OVERLAY_SOURCE"}  # the host's git facts: build-image fills them in
     differing = [(a, b) for a, b in zip(root_image.splitlines(), staged_image.splitlines(), strict=True) if a != b]
     assert {a.split("=")[0].removeprefix("ARG ") for a, _ in differing} == per_build
-    assert image.stale_dockerfile_lines(proj, staging) == []
-    assert not image.sync_dockerfile(proj, staging)  # idempotent
+    assert build_context.stale_dockerfile_lines(proj, staging) == []
+    assert not build_context.sync_dockerfile(proj, staging)  # idempotent
 
 
 def test_check_dockerfile_fails_until_synced(image_project, make_patch, upstream_dir, store_env, capsys):
@@ -182,8 +183,8 @@ def test_dockerfile_is_checked_at_the_series_epoch_only(image_project, make_patc
     two_series(make_patch, upstream_dir)
     assert run_apply(image_project, upstream_dir)[0] == 0
     staging = do_stage(image_project, epoch=12345)  # e.g. SOURCE_DATE_EPOCH set: other labels, other SBOM
-    with pytest.raises(image.ImageError, match="unset SOURCE_DATE_EPOCH"):
-        image.stale_dockerfile_lines(Project(image_project), staging)
+    with pytest.raises(build_context.ImageError, match="unset SOURCE_DATE_EPOCH"):
+        build_context.stale_dockerfile_lines(Project(image_project), staging)
 
 
 def test_staging_is_reproducible(image_project, make_patch, upstream_dir, store_env):
@@ -202,20 +203,20 @@ def test_stale_tree_is_refused(image_project, make_patch, upstream_dir, store_en
     )
     assert run_apply(image_project, upstream_dir)[0] == 0
     path.write_text(path.read_text().replace("+line_5 = 50", "+line_5 = 51"))
-    with pytest.raises(image.ImageError, match="changed after apply-patches"):
+    with pytest.raises(build_context.ImageError, match="changed after apply-patches"):
         do_stage(image_project)
 
 
 def test_series_not_applied_is_refused(image_project, make_patch, upstream_dir, store_env):
     make_patch(upstream_dir, lambda t: replace_line(t / "vllm" / "core.py", "line_5 = 5\n", "line_5 = 50\n"), "a1")
-    with pytest.raises(image.ImageError, match="apply-patches"):
+    with pytest.raises(build_context.ImageError, match="apply-patches"):
         do_stage(image_project)
 
 
 def test_deleting_a_file_is_refused(image_project, make_patch, upstream_dir, store_env):
     make_patch(upstream_dir, lambda t: (t / "vllm" / "core.py").unlink(), "drop core")
     assert run_apply(image_project, upstream_dir)[0] == 0
-    with pytest.raises(image.ImageError, match="cannot delete"):
+    with pytest.raises(build_context.ImageError, match="cannot delete"):
         do_stage(image_project)
 
 
@@ -223,7 +224,7 @@ def test_other_upstream_version_is_refused(image_project, make_patch, tmp_path, 
     other = write_upstream(tmp_path / "upstream-other")  # 9.9.9
     make_patch(other, lambda t: replace_line(t / "vllm" / "core.py", "line_5 = 5\n", "line_5 = 50\n"), "a1")
     assert run_apply(image_project, other)[0] == 0
-    with pytest.raises(image.ImageError, match=r"locked vllm 0\.33\.0"):
+    with pytest.raises(build_context.ImageError, match=r"locked vllm 0\.33\.0"):
         do_stage(image_project)
 
 
@@ -231,13 +232,13 @@ def test_overlay_may_not_write_into_vllm(image_project, make_patch, upstream_dir
     apply_no_patches(image_project, upstream_dir)
     (image_project / "overlay" / "vllm").mkdir()
     (image_project / "overlay" / "vllm" / "x.py").write_text("")
-    with pytest.raises(image.ImageError, match="never into it"):
+    with pytest.raises(build_context.ImageError, match="never into it"):
         do_stage(image_project)
 
 
 def test_build_image_without_engine_says_so(image_project, upstream_dir, store_env, monkeypatch, capsys):
     apply_no_patches(image_project, upstream_dir)
-    monkeypatch.setattr("vllm_overlay.engine.shutil.which", lambda name: None)
+    monkeypatch.setattr("vllm_overlay.image.engine.shutil.which", lambda name: None)
     assert cli.main(["build-image", "--project", str(image_project)]) == 2
     assert "no container engine" in capsys.readouterr().err
 
@@ -250,30 +251,31 @@ def test_stage_only_needs_no_engine(image_project, upstream_dir, store_env, caps
 
 
 def test_stand_in_mirror_comes_from_the_machines_apt_sources(tmp_path: Path) -> None:
-    from vllm_overlay import engine, standins
+    from vllm_overlay.image import engine, standins
 
     apt = tmp_path / "apt"
-    (apt / "sources.list.d").mkdir(parents=True)
-    (apt / "sources.list.d" / "debian.sources").write_text(
+    (apt / "upstream_trees.list.d").mkdir(parents=True)
+    (apt / "upstream_trees.list.d" / "debian.sources").write_text(
         "Types: deb\n# a comment\nURIs: http://archive.example.invalid/debian-security\n"
         "Suites: bookworm-security\nComponents: main\n\n"
         "Types: deb\nURIs: http://archive.example.invalid/debian\nSuites: bookworm bookworm-updates\n"
         "Components: main\n"
     )
     assert standins.apt_mirror(apt) == "http://archive.example.invalid/debian"
-    (apt / "sources.list").write_text(
+    (apt / "upstream_trees.list").write_text(
         "# deb http://old.example.invalid/debian bookworm main\n"
         "deb [signed-by=/k.gpg] http://one-line.example.invalid/debian bookworm main\n"
     )
-    assert standins.apt_mirror(apt) == "http://one-line.example.invalid/debian"  # sources.list comes first
+    assert standins.apt_mirror(apt) == "http://one-line.example.invalid/debian"  # upstream_trees.list comes first
     empty = tmp_path / "empty"
-    (empty / "sources.list.d").mkdir(parents=True)
+    (empty / "upstream_trees.list.d").mkdir(parents=True)
     with pytest.raises(engine.EngineError, match="--mirror"):
         standins.apt_mirror(empty)
 
 
 def test_stand_in_carries_the_py_files_with_a_record_of_exactly_them(tmp_path: Path) -> None:
-    from vllm_overlay import record, standins
+    from vllm_overlay import record
+    from vllm_overlay.image import standins
 
     site = tmp_path / "site"
     files = {"vllm/__init__.py": b"", "vllm/envs.py": b"X = 1\n", "vllm/_C.abi3.so": b"\0" * 64}
@@ -303,17 +305,18 @@ def test_stand_in_carries_the_py_files_with_a_record_of_exactly_them(tmp_path: P
 
 def test_root_build_reads_the_index_and_ca_bundle_pip_is_configured_with(tmp_path, monkeypatch):
     """ci-image --root-build: the first stage gets the machine's http(s) indexes and trusts its CA bundle."""
-    from vllm_overlay import image_ci, indexes, standins
+    from vllm_overlay import indexes
+    from vllm_overlay.image import ci_checks, standins
 
     monkeypatch.delenv(indexes.ENV_VAR, raising=False)
     monkeypatch.setenv("PIP_INDEX_URL", "https://index.example.invalid/simple")
     monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "file:///opt/wheels-here http://127.0.0.1:9/simple")
-    assert image_ci.index_build_args() == {
+    assert ci_checks.index_build_args() == {
         "PIP_INDEX_URL": "https://index.example.invalid/simple",
         "PIP_EXTRA_INDEX_URL": "http://127.0.0.1:9/simple",  # a file:// index is this machine's directory
     }
     monkeypatch.setenv(indexes.ENV_VAR, "file:///only/local")
-    assert image_ci.index_build_args() == {}
+    assert ci_checks.index_build_args() == {}
     bundle = tmp_path / "corporate-ca.pem"
     bundle.write_text("-----BEGIN CERTIFICATE-----\n")
     monkeypatch.setenv("PIP_CERT", str(bundle))
@@ -372,7 +375,7 @@ def test_unusual_file_names_and_a_mode_only_change_stage(image_project, make_pat
 
 def _argv_of(monkeypatch, eng, call):
     """The command lines ``call(eng)`` would run (nothing runs)."""
-    from vllm_overlay import engine
+    from vllm_overlay.image import engine
 
     seen: list[list[str]] = []
 
@@ -390,7 +393,7 @@ def _argv_of(monkeypatch, eng, call):
 
 def test_podman_gets_its_runtime_as_a_global_flag_and_ulimits_on_build_and_run(monkeypatch, tmp_path):
     """Debian's podman 4.3 runs nothing with its default runtime: build-image --engine podman must pass them."""
-    from vllm_overlay import engine
+    from vllm_overlay.image import engine
 
     options = engine.Options(runtime="runc", ulimits=("nofile=1024:1024", "nproc=4096:4096"), network="none")
     podman = engine.Engine("podman", "/usr/bin/podman", options)
@@ -409,7 +412,7 @@ def test_podman_gets_its_runtime_as_a_global_flag_and_ulimits_on_build_and_run(m
 
 
 def test_build_image_passes_the_engine_flags(image_project, upstream_dir, store_env, monkeypatch):
-    from vllm_overlay import engine
+    from vllm_overlay.image import engine
 
     apply_no_patches(image_project, upstream_dir)
     found: list[engine.Options] = []
@@ -425,20 +428,20 @@ def test_build_image_passes_the_engine_flags(image_project, upstream_dir, store_
 
 
 def test_check_7_takes_every_engine_present_and_names_the_others(monkeypatch):
-    from vllm_overlay import engine, image_ci
+    from vllm_overlay.image import ci_checks, engine
 
     installed = {"podman"}
-    monkeypatch.setattr(image_ci.shutil, "which", lambda name: f"/usr/bin/{name}" if name in installed else None)
-    present, absent = image_ci.other_engines("auto")
+    monkeypatch.setattr(ci_checks.shutil, "which", lambda name: f"/usr/bin/{name}" if name in installed else None)
+    present, absent = ci_checks.other_engines("auto")
     assert present == ["podman"] and len(absent) == 1 and "docker: not installed" in absent[0]
     with pytest.raises(engine.EngineError, match="docker"):
-        image_ci.other_engines("docker,podman")  # asked for: required
+        ci_checks.other_engines("docker,podman")  # asked for: required
     installed |= {"docker"}  # the CLI alone is not an engine: the check starts its own dockerd
-    assert image_ci.other_engines("auto")[0] == ["podman"]
+    assert ci_checks.other_engines("auto")[0] == ["podman"]
     installed |= {"dockerd"}
-    assert image_ci.other_engines("auto") == (["docker", "podman"], [])
-    assert image_ci.other_engines("none")[0] == []
-    assert "--runtime" in image_ci.engine_argv("podman") and "--runtime" not in image_ci.engine_argv("docker")
+    assert ci_checks.other_engines("auto") == (["docker", "podman"], [])
+    assert ci_checks.other_engines("none")[0] == []
+    assert "--runtime" in ci_checks.engine_argv("podman") and "--runtime" not in ci_checks.engine_argv("docker")
 
 
 FAKE_DOCKERD = """#!{python}
@@ -455,7 +458,7 @@ def test_the_checks_docker_daemon_is_stopped_by_its_pid_and_a_leftover_one_too(t
     import subprocess
     import sys
 
-    from vllm_overlay import dockerd
+    from vllm_overlay.image import dockerd
 
     fake = tmp_path / "bin" / "dockerd"
     fake.parent.mkdir()

@@ -16,7 +16,7 @@ import pytest
 
 from tests.tool.conftest import REPO_ROOT, write_upstream
 from tests.tool.test_apply import change_line_20
-from vllm_overlay import cli, indexes, lock, output, sources
+from vllm_overlay import cli, indexes, lock, output, upstream_trees
 from vllm_overlay.store import Store
 
 
@@ -68,9 +68,9 @@ def test_pip_configuration_decides_the_indexes(monkeypatch, tmp_path):
 def test_configured_file_index_serves_the_release(monkeypatch, tmp_path, store_env):
     archive = _release_archive(tmp_path, "9.9.8")
     monkeypatch.setenv("PIP_INDEX_URL", _file_index(tmp_path / "index", archive))
-    entry = sources.sdist_of("vllm", "9.9.8")
+    entry = upstream_trees.sdist_of("vllm", "9.9.8")
     assert entry.sha256 == hashlib.sha256(archive.read_bytes()).hexdigest()
-    upstream = sources.obtain("9.9.8", lock.load(REPO_ROOT / "upstream.lock"), Store())
+    upstream = upstream_trees.obtain("9.9.8", lock.load(REPO_ROOT / "upstream.lock"), Store())
     assert upstream.kind == "release" and upstream.sha256 == entry.sha256
     assert upstream.origin == entry.url and entry.url.startswith("file:")
 
@@ -118,8 +118,8 @@ def test_override_index_over_http_json(tmp_path, store_env):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         indexes.set_override(f"http://127.0.0.1:{server.server_port}/simple")
-        assert sources.release_dates("vllm") == {"9.9.7": dt.date(2026, 11, 2)}
-        upstream = sources.obtain("9.9.7", lock.load(REPO_ROOT / "upstream.lock"), Store())
+        assert upstream_trees.release_dates("vllm") == {"9.9.7": dt.date(2026, 11, 2)}
+        upstream = upstream_trees.obtain("9.9.7", lock.load(REPO_ROOT / "upstream.lock"), Store())
         assert upstream.origin == f"http://127.0.0.1:{server.server_port}/files/{archive.name}"
     finally:
         server.shutdown()
@@ -128,9 +128,9 @@ def test_override_index_over_http_json(tmp_path, store_env):
 def test_unreadable_index_is_a_clear_error(tmp_path):
     indexes.set_override("http://127.0.0.1:9/simple")  # port 9 (discard): connection refused
     with pytest.raises(
-        sources.SourceError, match=re.escape("cannot read the package index at http://127.0.0.1:9/simple/vllm/")
+        upstream_trees.SourceError, match=re.escape("cannot read the package index at http://127.0.0.1:9/simple/vllm/")
     ):
-        sources.release_files("vllm", "0.33.0")
+        upstream_trees.release_files("vllm", "0.33.0")
 
 
 @pytest.mark.parametrize(
@@ -194,14 +194,14 @@ def test_a_lock_that_says_otherwise_than_its_release_is_refused(
     """The lock's version and commit land in labels, manifest and SBOM: they must be what the sdist records."""
     archive = _release_archive(tmp_path, version)  # its vllm/_version.py: 9.9.9, gdeadbeef
     monkeypatch.setenv("PIP_INDEX_URL", _file_index(tmp_path / "index", archive))
-    with pytest.raises(sources.SourceError, match=re.escape(says)):
-        sources.obtain(None, _lock_for(archive, version, commit), Store())
+    with pytest.raises(upstream_trees.SourceError, match=re.escape(says)):
+        upstream_trees.obtain(None, _lock_for(archive, version, commit), Store())
 
 
 def test_a_lock_that_matches_its_release_is_accepted(monkeypatch, tmp_path, store_env):
     archive = _release_archive(tmp_path, "9.9.9")
     monkeypatch.setenv("PIP_INDEX_URL", _file_index(tmp_path / "index", archive))
-    upstream = sources.obtain(None, _lock_for(archive, "9.9.9", "gdeadbeef"), Store())
+    upstream = upstream_trees.obtain(None, _lock_for(archive, "9.9.9", "gdeadbeef"), Store())
     assert upstream.kind == "locked" and upstream.release_commit == "gdeadbeef"
 
 
@@ -259,13 +259,15 @@ def test_an_unreachable_main_index_is_named_when_an_extra_index_has_nothing(monk
     empty.mkdir(parents=True)
     monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")  # port 9 (discard): refused
     monkeypatch.setenv("PIP_EXTRA_INDEX_URL", empty.as_uri())
-    with pytest.raises(sources.SourceError, match=re.escape("cannot read the package index at http://127.0.0.1:9")):
-        sources.release_files("vllm", "9.9.8")
+    with pytest.raises(
+        upstream_trees.SourceError, match=re.escape("cannot read the package index at http://127.0.0.1:9")
+    ):
+        upstream_trees.release_files("vllm", "9.9.8")
     # The extra index lists another release: the "not found" says where it could not look.
     archive = _release_archive(tmp_path, "9.9.8")
     monkeypatch.setenv("PIP_EXTRA_INDEX_URL", _file_index(tmp_path / "other-index", archive))
-    with pytest.raises(sources.SourceError) as raised:
-        sources.release_files("vllm", "9.9.7")
+    with pytest.raises(upstream_trees.SourceError) as raised:
+        upstream_trees.release_files("vllm", "9.9.7")
     assert "lists no files for vllm 9.9.7 (and could not read: cannot read the package index at http://127.0.0.1:9" in (
         str(raised.value)
     )

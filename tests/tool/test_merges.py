@@ -6,7 +6,8 @@ import json
 
 from tests.tool.conftest import replace_line, write_upstream
 from tests.tool.test_rebase import retarget
-from vllm_overlay import cli, merges, rebase
+from vllm_overlay import cli
+from vllm_overlay.audit import review, session
 
 ENGINE = "class Engine:\n    def step(self, x):\n        return x + 1\n\n    def other(self):\n        return 0\n"
 MOVER = "class Mover:\n    def run(self):\n        return 1\n"
@@ -77,15 +78,15 @@ def test_audit_findings(project, make_patch, tmp_path, store_env):
     assert skipped.lstrip("\n").startswith("    did not apply on the new base; as on the old base:")
     assert "+    def helper(self):" in skipped.split("use helper")[0]
     use_row = next(
-        line for line in range_diff.splitlines() if rebase.RANGE_DIFF_ROW_RE.match(line) and "use helper" in line
+        line for line in range_diff.splitlines() if session.RANGE_DIFF_ROW_RE.match(line) and "use helper" in line
     )
     assert "!" in use_row and use_row.endswith("[context only]"), range_diff
 
 
 def test_markdown_summarises_and_json_lists_every_hunk():
-    hunks = [merges.Hunk(f"vllm/f{i}.py", 1, 10 * i, "does not apply; merges in a 3-way merge") for i in range(5)]
-    report = merges.ConflictReport({"vllm/x.py": [12, 40]}, [h.file for h in hunks], hunks)
-    full, short = merges.summary(report), merges.summary(report, limit=3)
+    hunks = [review.Hunk(f"vllm/f{i}.py", 1, 10 * i, "does not apply; merges in a 3-way merge") for i in range(5)]
+    report = review.ConflictReport({"vllm/x.py": [12, 40]}, [h.file for h in hunks], hunks)
+    full, short = review.summary(report), review.summary(report, limit=3)
     assert all(str(h) in full for h in hunks) and "more" not in full
     assert short.endswith("vllm/f2.py hunk #1 (line 20): does not apply; merges in a 3-way merge; and 2 more")
     assert short.startswith("resolve vllm/x.py (conflict at line 12, 40); merge in 3-way: vllm/f0.py")

@@ -11,7 +11,8 @@ import pytest
 
 from tests.tool.conftest import write_upstream
 from tests.tool.test_image import apply_no_patches, do_stage, image_project, upstream_dir  # noqa: F401 (fixtures)
-from vllm_overlay import cache, cli, image, lock
+from vllm_overlay import cache, cli, lock
+from vllm_overlay.image import build_context
 from vllm_overlay.store import Store
 
 
@@ -31,7 +32,7 @@ def test_image_staging_never_replaces_a_users_directory(image_project, upstream_
     apply_no_patches(image_project, upstream_dir)
     context = image_project / "build" / "image"
     before = _users_files(context)
-    with pytest.raises(image.ImageError, match=r"holds notes\.txt, sub.*nothing was touched"):
+    with pytest.raises(build_context.ImageError, match=r"holds notes\.txt, sub.*nothing was touched"):
         do_stage(image_project)
     assert _files(context) == before
     (context / "notes.txt").unlink()

@@ -10,7 +10,8 @@ import pytest
 
 from tests.tool.conftest import REPO_ROOT, replace_line, write_upstream
 from tests.tool.test_apply import change_line_20
-from vllm_overlay import bump, cli, lock, series, sources, targets
+from vllm_overlay import bump, cli, lock, series, upstream_trees
+from vllm_overlay.audit import targets
 from vllm_overlay.store import Store
 
 MODULE_V1 = "class Engine:\n    def step(self, x):\n        return x + 1\n\n    def other(self):\n        return 0\n"
@@ -53,7 +54,7 @@ def test_audit_rows_for_each_decision(project, make_patch, tmp_path, store_env, 
     replace_line(new / "vllm" / "core.py", "line_35 = 35\n", "line_35 = 350\n")  # upstream took "landed"
     replace_line(new / "vllm" / "core.py", "line_30 = 30\n", "line_30 = 31\n")  # upstream clashes with "clash"
     assert p_keep.exists()
-    out_json = tmp_path / "audit.json"
+    out_json = tmp_path / "decisions.json"
     code = cli.main(
         [
             "audit-upstream",
@@ -85,11 +86,11 @@ def test_audit_rows_for_each_decision(project, make_patch, tmp_path, store_env, 
 
 def test_staleness_warning_counts_releases():
     dates = {"1.0": dt.date(2026, 1, 1), "1.1": dt.date(2026, 2, 1), "1.2": dt.date(2026, 3, 1)}
-    from vllm_overlay import audit
+    from vllm_overlay.audit import decisions
 
-    assert audit.releases_since("2025-12-01", dates, "1.2") == 3
-    assert audit.releases_since("2026-01-15", dates, "1.1") == 1
-    assert audit.releases_since("not a date", dates, "1.2") is None
+    assert decisions.releases_since("2025-12-01", dates, "1.2") == 3
+    assert decisions.releases_since("2026-01-15", dates, "1.1") == 1
+    assert decisions.releases_since("not a date", dates, "1.2") is None
 
 
 def test_bump_stops_at_conflict_then_continues(project, make_patch, tmp_path, store_env):
@@ -100,8 +101,8 @@ def test_bump_stops_at_conflict_then_continues(project, make_patch, tmp_path, st
     replace_line(new / "vllm" / "core.py", "line_5 = 5\n", "line_5 = 5  # upstream\n")
     the_lock = lock.load(REPO_ROOT / "upstream.lock")
     store = Store()
-    old_up = sources.obtain(str(old), the_lock, store)  # the series' base: 3-way merges need its blobs
-    upstream = sources.obtain(str(new), the_lock, store)
+    old_up = upstream_trees.obtain(str(old), the_lock, store)  # the series' base: 3-way merges need its blobs
+    upstream = upstream_trees.obtain(str(new), the_lock, store)
     repo_dir = tmp_path / "bump"
     patches = series.load_series(project / "patches")
     with pytest.raises(bump.BumpError) as stopped:
@@ -126,13 +127,13 @@ def test_bump_there_and_back_is_byte_identical(project, make_patch, tmp_path, st
     make_patch(old, change_line_20, "change 20")
     the_lock = lock.load(REPO_ROOT / "upstream.lock")
     store = Store()
-    old_up = sources.obtain(str(old), the_lock, store)
+    old_up = upstream_trees.obtain(str(old), the_lock, store)
     cli.main(["apply-patches", "--project", str(project), "--upstream", str(old), "--base-upstream", str(old)])
     cli.main(["export-patches", "--allow-other-upstream", "--project", str(project)])
     before = {p.name: p.read_bytes() for p in (project / "patches").rglob("*") if p.is_file()}
     new = write_upstream(tmp_path / "new")
     (new / "vllm" / "core.py").write_text("header = 0\n" + (new / "vllm" / "core.py").read_text())
-    new_up = sources.obtain(str(new), the_lock, store)
+    new_up = upstream_trees.obtain(str(new), the_lock, store)
     for upstream in (new_up, old_up):
         bump.start(series.load_series(project / "patches"), upstream, store, tmp_path / "bump", "x", old_up.commit)
         bump.finish(tmp_path / "bump", project / "patches")
@@ -151,14 +152,14 @@ def test_new_lock_takes_everything_from_the_release(tmp_path, store_env, monkeyp
     )
     the_lock = lock.load(REPO_ROOT / "upstream.lock")
     store = Store()
-    imported = sources.obtain(str(tree), the_lock, store)
-    release = sources.Upstream(**{**imported.to_json(), "kind": "release", "version": "9.9.9"})
+    imported = upstream_trees.obtain(str(tree), the_lock, store)
+    release = upstream_trees.Upstream(**{**imported.to_json(), "kind": "release", "version": "9.9.9"})
     files = [
-        sources.IndexFile("vllm-9.9.9.tar.gz", "u", "a" * 64, None),
-        sources.IndexFile("vllm-9.9.9-cp38-abi3-manylinux_2_28_x86_64.whl", "u", "b" * 64, None),
-        sources.IndexFile("vllm-9.9.9-cp38-abi3-manylinux_2_28_aarch64.whl", "u", "c" * 64, None),
+        upstream_trees.IndexFile("vllm-9.9.9.tar.gz", "u", "a" * 64, None),
+        upstream_trees.IndexFile("vllm-9.9.9-cp38-abi3-manylinux_2_28_x86_64.whl", "u", "b" * 64, None),
+        upstream_trees.IndexFile("vllm-9.9.9-cp38-abi3-manylinux_2_28_aarch64.whl", "u", "c" * 64, None),
     ]
-    monkeypatch.setattr(sources, "release_files", lambda project, version: files)
+    monkeypatch.setattr(upstream_trees, "release_files", lambda project, version: files)
     relocked = bump.new_lock(the_lock, release, store)
     assert relocked.version == "9.9.9" and relocked.commit == "gdeadbeef"
     assert relocked.sdist.sha256 == "a" * 64 and relocked.wheels["aarch64"].sha256 == "c" * 64

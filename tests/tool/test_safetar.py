@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_overlay import safetar, sources
+from vllm_overlay import safetar, upstream_trees
 
 PATHS = [
     pytest.param(
@@ -160,8 +160,8 @@ def test_an_ordinary_tree_with_links_extracts(path_kind, tmp_path, dest, stream)
 def test_unpack_sdist_reports_a_refusal(path_kind, tmp_path, dest):
     archive = _archive(tmp_path / "vllm-1.tar.gz", _info("vllm-1/ok.py"), _info("../escape.py", data=b"bad"))
     dest.mkdir()
-    with pytest.raises(sources.SourceError, match="refused to unpack"):
-        sources.unpack_sdist(archive, dest)
+    with pytest.raises(upstream_trees.SourceError, match="refused to unpack"):
+        upstream_trees.unpack_sdist(archive, dest)
     assert not (tmp_path / "escape.py").exists()
 
 

@@ -6,7 +6,8 @@ import datetime as dt
 import json
 
 from tests.tool.conftest import REPO_ROOT
-from vllm_overlay import lock, sbom, series
+from vllm_overlay import lock, series
+from vllm_overlay.image import sbom
 
 CREATED = dt.datetime(2026, 11, 29, tzinfo=dt.UTC)
 

@@ -13,7 +13,7 @@ import git
 import pytest
 
 from tests.tool.conftest import REPO_ROOT, write_upstream
-from vllm_overlay import lock, sources
+from vllm_overlay import lock, upstream_trees
 from vllm_overlay.store import Store
 
 
@@ -49,23 +49,23 @@ def test_download_verifies_sha256(http_server, tmp_path):
     body = b"payload" * 1000
     url = serve(http_server, body)
     dest = tmp_path / "a.tar.gz"
-    sources.download(url, dest, hashlib.sha256(body).hexdigest())
+    upstream_trees.download(url, dest, hashlib.sha256(body).hexdigest())
     assert dest.read_bytes() == body
 
 
 def test_hash_mismatch_leaves_nothing(http_server, tmp_path):
     url = serve(http_server, b"tampered")
     dest = tmp_path / "a.tar.gz"
-    with pytest.raises(sources.SourceError, match="sha256 mismatch"):
-        sources.download(url, dest, "0" * 64)
+    with pytest.raises(upstream_trees.SourceError, match="sha256 mismatch"):
+        upstream_trees.download(url, dest, "0" * 64)
     assert list(tmp_path.iterdir()) == []
 
 
 def test_truncated_download_is_an_error(http_server, tmp_path):
     body = b"x" * 100
     url = serve(http_server, body, claimed=1000)
-    with pytest.raises(sources.SourceError):
-        sources.download(url, tmp_path / "a.tar.gz", hashlib.sha256(body).hexdigest())
+    with pytest.raises(upstream_trees.SourceError):
+        upstream_trees.download(url, tmp_path / "a.tar.gz", hashlib.sha256(body).hexdigest())
     assert list(tmp_path.iterdir()) == []
 
 
@@ -82,8 +82,8 @@ def test_member_outside_destination_is_refused(tmp_path):
     archive = _tar_with({"vllm-1/ok.py": b"", "../escape.py": b"bad"}, tmp_path / "evil.tar.gz")
     dest = tmp_path / "out"
     dest.mkdir()
-    with pytest.raises(sources.SourceError, match="refused to unpack"):
-        sources.unpack_sdist(archive, dest)
+    with pytest.raises(upstream_trees.SourceError, match="refused to unpack"):
+        upstream_trees.unpack_sdist(archive, dest)
     assert not (tmp_path / "escape.py").exists()
 
 
@@ -91,8 +91,8 @@ def test_absolute_member_is_refused(tmp_path):
     archive = _tar_with({"/tmp/abs-escape.py": b"bad"}, tmp_path / "evil.tar.gz")
     dest = tmp_path / "out"
     dest.mkdir()
-    with pytest.raises(sources.SourceError):
-        sources.unpack_sdist(archive, dest)
+    with pytest.raises(upstream_trees.SourceError):
+        upstream_trees.unpack_sdist(archive, dest)
 
 
 def test_release_from_index_is_verified_and_cached(http_server, tmp_path, monkeypatch, store_env):
@@ -102,14 +102,14 @@ def test_release_from_index_is_verified_and_cached(http_server, tmp_path, monkey
         tar.add(tree, arcname="vllm-9.9.9")
     body = archive.read_bytes()
     url = serve(http_server, body)
-    entry = sources.IndexFile("vllm-9.9.9.tar.gz", url, hashlib.sha256(body).hexdigest(), len(body))
+    entry = upstream_trees.IndexFile("vllm-9.9.9.tar.gz", url, hashlib.sha256(body).hexdigest(), len(body))
     calls = []
-    monkeypatch.setattr(sources, "sdist_of", lambda project, version: calls.append(version) or entry)
+    monkeypatch.setattr(upstream_trees, "sdist_of", lambda project, version: calls.append(version) or entry)
     the_lock = lock.load(REPO_ROOT / "upstream.lock")
-    upstream = sources.obtain("9.9.9", the_lock, Store())
+    upstream = upstream_trees.obtain("9.9.9", the_lock, Store())
     assert upstream.kind == "release" and upstream.sha256 == entry.sha256
     assert upstream.release_commit == "gdeadbeef"
-    again = sources.obtain("9.9.9", the_lock, Store())
+    again = upstream_trees.obtain("9.9.9", the_lock, Store())
     assert again.commit == upstream.commit
     assert calls == ["9.9.9"]  # the second call used the cache
     assert upstream.origin == url and again.origin == url  # the cached one still says where it came from
@@ -118,14 +118,14 @@ def test_release_from_index_is_verified_and_cached(http_server, tmp_path, monkey
 def test_directory_and_git_upstreams(tmp_path, store_env):
     the_lock = lock.load(REPO_ROOT / "upstream.lock")
     tree = write_upstream(tmp_path / "tree")
-    from_dir = sources.obtain(str(tree), the_lock, Store())
+    from_dir = upstream_trees.obtain(str(tree), the_lock, Store())
     assert from_dir.kind == "directory" and from_dir.version == "9.9.9"
     repo = git.Repo.init(tmp_path / "gitsrc")
     write_upstream(tmp_path / "gitsrc")
     repo.git.add("-A")
     repo.git.execute(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"])
     rev = repo.head.commit.hexsha
-    from_git = sources.obtain(f"{tmp_path / 'gitsrc'}@{rev}", the_lock, Store())
+    from_git = upstream_trees.obtain(f"{tmp_path / 'gitsrc'}@{rev}", the_lock, Store())
     assert from_git.kind == "git" and from_git.commit == rev
     # identical content imports to the identical tree
     store_repo = git.Repo(Store().upstreams_git)
@@ -133,21 +133,21 @@ def test_directory_and_git_upstreams(tmp_path, store_env):
 
 
 def test_bad_spec_is_a_clear_error():
-    with pytest.raises(sources.SourceError, match="not a version number"):
-        sources.parse_spec("no such thing")
+    with pytest.raises(upstream_trees.SourceError, match="not a version number"):
+        upstream_trees.parse_spec("no such thing")
 
 
 def test_a_ref_lock_a_killed_import_left_is_recovered(tmp_path, store_env):
     """refs/tags/upstream/<v>.lock left by a killed git: the next run removes it and imports, no traceback."""
     upstream = write_upstream(tmp_path / "up")
     the_lock = lock.load(REPO_ROOT / "upstream.lock")
-    first = sources.obtain(str(upstream), the_lock, Store())
+    first = upstream_trees.obtain(str(upstream), the_lock, Store())
     refs = Store().upstreams_git / "refs" / "tags" / "upstream"
     stale = refs / f"{first.tag.split('/', 1)[1]}.lock"
     stale.write_text("0" * 40 + "\n")
     (Store().upstreams_git / "packed-refs.lock").write_text("")
     (upstream / "vllm" / "core.py").write_text("changed = 1\n")  # a re-import must update the tag
-    again = sources.obtain(str(upstream), the_lock, Store())
+    again = upstream_trees.obtain(str(upstream), the_lock, Store())
     assert again.commit != first.commit and not stale.exists()
     assert not (Store().upstreams_git / "packed-refs.lock").exists()
 
@@ -159,8 +159,8 @@ def test_a_nested_repository_in_a_directory_upstream_is_refused_by_name(tmp_path
     nested.git.add("-A")
     nested.git.execute(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "vendored"])
     the_lock = lock.load(REPO_ROOT / "upstream.lock")
-    with pytest.raises(sources.SourceError, match=r"nested git repositories .* at third_party/lib"):
-        sources.obtain(str(tree), the_lock, Store())
+    with pytest.raises(upstream_trees.SourceError, match=r"nested git repositories .* at third_party/lib"):
+        upstream_trees.obtain(str(tree), the_lock, Store())
 
 
 def test_a_git_upstream_with_a_submodule_is_refused_by_name(tmp_path, store_env):
@@ -170,5 +170,5 @@ def test_a_git_upstream_with_a_submodule_is_refused_by_name(tmp_path, store_env)
     repo.git.update_index("--add", "--cacheinfo", f"160000,{'1' * 40},third_party/sub")
     repo.git.execute(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"])
     the_lock = lock.load(REPO_ROOT / "upstream.lock")
-    with pytest.raises(sources.SourceError, match=r"submodules.* at third_party/sub"):
-        sources.obtain(f"{tmp_path / 'gitsrc'}@{repo.head.commit.hexsha}", the_lock, Store())
+    with pytest.raises(upstream_trees.SourceError, match=r"submodules.* at third_party/sub"):
+        upstream_trees.obtain(f"{tmp_path / 'gitsrc'}@{repo.head.commit.hexsha}", the_lock, Store())

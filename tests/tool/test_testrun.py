@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.tool.conftest import PatchMaker, replace_line, write_upstream
-from vllm_overlay import cli, envs, junit, record, testrun
+from vllm_overlay import cli, junit, record, testenv, testrun
 from vllm_overlay.junit import Case
 from vllm_overlay.testrun.verdict_store import test_inputs as inputs_of
 from vllm_overlay.testrun.verdict_store import tests_digest as digest_of
@@ -197,7 +197,7 @@ def fake_env(root: Path, upstream: Path, version: str) -> Path:
 @pytest.fixture
 def fake_project(tmp_path: Path, store_env: Path, project: Path, make_patch: PatchMaker, monkeypatch) -> dict:
     pytest.importorskip("pytest_timeout")
-    monkeypatch.setattr(envs, "REQUIRED_MODULES", ("pytest", "pytest_timeout"))
+    monkeypatch.setattr(testenv, "REQUIRED_MODULES", ("pytest", "pytest_timeout"))
     upstream = write_upstream(
         tmp_path / "upstream",
         extra={"tests/__init__.py": "", "tests/test_core_upstream.py": UPSTREAM_TEST, "pyproject.toml": ""},
@@ -300,13 +300,13 @@ def test_env_key_follows_lock_and_pins(tmp_path: Path) -> None:
     lock_path = tmp_path / "upstream.lock"
     shutil.copy(Path(__file__).resolve().parents[2] / "upstream.lock", lock_path)
     the_lock = lock.load(lock_path)
-    reqs = envs.requirements(the_lock)
+    reqs = testenv.requirements(the_lock)
     assert reqs[0] == f"vllm=={the_lock.version}" and any(r.startswith("pytest-timeout") for r in reqs)
-    key = envs.env_key(the_lock, reqs)
-    assert key == envs.env_key(the_lock, list(reqs))
-    assert key != envs.env_key(the_lock, [*reqs, "extra==1"])
+    key = testenv.env_key(the_lock, reqs)
+    assert key == testenv.env_key(the_lock, list(reqs))
+    assert key != testenv.env_key(the_lock, [*reqs, "extra==1"])
     lock_path.write_text(lock_path.read_text() + "\n# changed\n")
-    assert key != envs.env_key(lock.load(lock_path), reqs)
+    assert key != testenv.env_key(lock.load(lock_path), reqs)
 
 
 def add_line_41(root: Path) -> None:

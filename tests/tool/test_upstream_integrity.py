@@ -15,7 +15,7 @@ import git
 import pytest
 
 from tests.tool.conftest import REPO_ROOT, write_upstream
-from vllm_overlay import lock, sources
+from vllm_overlay import lock, upstream_trees
 from vllm_overlay.store import Store
 
 VERSION = "9.9.9"
@@ -32,8 +32,8 @@ def _cached_release(tmp_path: Path) -> None:
     (downloads / f"{archive.name}.sha256").write_text(hashlib.sha256(archive.read_bytes()).hexdigest() + "\n")
 
 
-def _obtain() -> sources.Upstream:
-    return sources.obtain(VERSION, lock.load(REPO_ROOT / "upstream.lock"), Store())
+def _obtain() -> upstream_trees.Upstream:
+    return upstream_trees.obtain(VERSION, lock.load(REPO_ROOT / "upstream.lock"), Store())
 
 
 def _rewrite_loose(oid: str, content: bytes) -> Path:
@@ -47,7 +47,7 @@ def _rewrite_loose(oid: str, content: bytes) -> Path:
     return path
 
 
-def _blob(upstream: sources.Upstream, rel: str) -> str:
+def _blob(upstream: upstream_trees.Upstream, rel: str) -> str:
     return git.Repo(Store().upstreams_git).git.rev_parse(f"{upstream.commit}:{rel}")
 
 
@@ -56,9 +56,9 @@ def test_a_rewritten_blob_is_detected_on_the_next_run(tmp_path, store_env):
     first = _obtain()
     oid = _blob(first, "vllm/core.py")
     _rewrite_loose(oid, b"import os; os.system('injected')\n")
-    with pytest.raises(sources.SourceError, match=rf"{oid} \(vllm/core\.py\) holds other content"):
+    with pytest.raises(upstream_trees.SourceError, match=rf"{oid} \(vllm/core\.py\) holds other content"):
         _obtain()
-    with pytest.raises(sources.SourceError, match="is not what was imported"):
+    with pytest.raises(upstream_trees.SourceError, match="is not what was imported"):
         _obtain()  # and on every run after it, not only once
 
 
@@ -78,7 +78,7 @@ def test_a_pack_holding_another_object_of_the_same_name_is_detected(tmp_path, st
     )
     (objects_dir / oid[:2] / oid[2:]).unlink()
     (objects_dir / oid[:2] / oid[2:]).write_bytes(original)  # the loose file is intact again
-    with pytest.raises(sources.SourceError, match=rf"{oid} \(vllm/other\.py\) holds other content"):
+    with pytest.raises(upstream_trees.SourceError, match=rf"{oid} \(vllm/other\.py\) holds other content"):
         _obtain()
 
 
@@ -126,7 +126,7 @@ def test_clones_of_the_store_cost_no_rehash(tmp_path, store_env):
     marker = Store().downloads / f"vllm-{VERSION}.tar.gz.imported"
     before = marker.read_text()
     clone = tmp_path / "clone"
-    sources.checkout(Store(), first, clone)
+    upstream_trees.checkout(Store(), first, clone)
     assert _obtain().commit == first.commit
     shutil.rmtree(clone)
     assert _obtain().commit == first.commit

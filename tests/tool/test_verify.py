@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.tool.conftest import REPO_ROOT
-from vllm_overlay import cli, record, verify
+from vllm_overlay import cli, record
+from vllm_overlay.image import verify
 
 OVERLAY = REPO_ROOT / "overlay"
 UPSTREAM_FILES = {

@@ -7,7 +7,7 @@ import pytest
 
 from tests.tool.conftest import IDENTITY
 from tests.tool.test_apply import change_line_20, run_apply
-from vllm_overlay.commands.with_patched import changed_package_files, upstream_base
+from vllm_overlay.commands.with_patched_vllm import changed_package_files, upstream_base
 
 
 def test_tree_from_apply_patches_is_compared_with_its_own_upstream(project, make_patch, upstream_dir, store_env):

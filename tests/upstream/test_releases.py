@@ -33,8 +33,9 @@ from pathlib import Path
 import git
 import pytest
 
-from vllm_overlay import apply, bump, cli, lock, merges, series, sources
-from vllm_overlay.audit import store_reader
+from vllm_overlay import apply, bump, cli, lock, series, upstream_trees
+from vllm_overlay.audit import review
+from vllm_overlay.audit.decisions import store_reader
 from vllm_overlay.store import Store
 
 REPO = Path(__file__).resolve().parents[2]
@@ -322,10 +323,10 @@ def test_round_trip_to_an_older_release_and_back_is_byte_identical(tmp_path: Pat
     # On the way back every conflict is resolved with the file as the original series has it.
     the_lock = lock.load(REPO / "upstream.lock")
     store = Store()
-    locked = sources.obtain(None, the_lock, store)
+    locked = upstream_trees.obtain(None, the_lock, store)
     original = tmp_path / "original"
     report = apply.apply_series(
-        series.load_series(REPO / "patches"), locked, lambda d: sources.checkout(store, locked, d), original,
+        series.load_series(REPO / "patches"), locked, lambda d: upstream_trees.checkout(store, locked, d), original,
         apply.Options(),
     )  # fmt: skip
     assert report.ok
@@ -346,10 +347,10 @@ def test_moved_target_is_located_in_0_29_0() -> None:
     """0.29.0 has no nvidia/ngram_embedding.py: the n-gram patch's target class lives in ple_layer.py."""
     the_lock = lock.load(REPO / "upstream.lock")
     store = Store()
-    old, new = sources.obtain(None, the_lock, store), sources.obtain("0.29.0", the_lock, store)
+    old, new = upstream_trees.obtain(None, the_lock, store), upstream_trees.obtain("0.29.0", the_lock, store)
     repo = git.Repo(store.upstreams_git)
     patch = next(p for p in series.load_series(REPO / "patches") if p.name == LOADER_FULL)
-    moved = merges.moved_targets(repo, new.commit, patch, store_reader(repo, new.commit),
+    moved = review.moved_targets(repo, new.commit, patch, store_reader(repo, new.commit),
                                  store_reader(repo, old.commit))  # fmt: skip
     assert moved == [
         "Qwen4ExpNGramEmbedding.load_weights is in vllm/models/qwen4_exp/amd/ple_layer.py, "

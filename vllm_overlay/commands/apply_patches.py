@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from vllm_overlay import indexes, output, project
 
 if TYPE_CHECKING:
-    from vllm_overlay import apply, lock, series, sources
+    from vllm_overlay import apply, lock, series, upstream_trees
     from vllm_overlay.store import Store
 
 
@@ -102,14 +102,14 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, proj: project.Project, target: Path) -> int:
     import git
 
-    from vllm_overlay import apply, apply_record, export, lock, report, series, sources, staging
+    from vllm_overlay import apply, apply_record, export, lock, report, series, staging, upstream_trees
     from vllm_overlay.store import Store
 
     # Input errors (lock, series, upstream, an output this tool did not publish) end in cli.main: exit 2.
     the_lock = lock.load(proj.lock_file)
     patches = series.select(series.load_series(proj.patches, allow_empty=False), args.only)
     store = Store()
-    upstream = sources.obtain(args.upstream, the_lock, store)
+    upstream = upstream_trees.obtain(args.upstream, the_lock, store)
     staging.check_replaceable(target)  # the user's own directory: refused before anything else
 
     def refuse_lost_work() -> None:
@@ -130,7 +130,7 @@ def _run(args: argparse.Namespace, proj: project.Project, target: Path) -> int:
         result = apply.apply_series(
             patches,
             upstream,
-            lambda dest: sources.checkout(store, upstream, dest),
+            lambda dest: upstream_trees.checkout(store, upstream, dest),
             target,
             options,
             progress=lambda i, n, name: output.info(f"[{i}/{n}] {name}"),
@@ -154,7 +154,7 @@ def _run(args: argparse.Namespace, proj: project.Project, target: Path) -> int:
         output.result(report.apply_table(result))
         if args.json:
             report.write_json(result.to_json(), args.json)
-    except sources.SourceError as exc:
+    except upstream_trees.SourceError as exc:
         output.error(f"{exc} (the patched tree was written: {target})")
         return 2
     except KeyboardInterrupt:
@@ -162,27 +162,30 @@ def _run(args: argparse.Namespace, proj: project.Project, target: Path) -> int:
     return 0 if result.ok else 1
 
 
-def base_upstream(spec: str | None, the_lock: lock.Lock, store: Store, upstream: sources.Upstream) -> sources.Upstream:
+def base_upstream(
+    spec: str | None, the_lock: lock.Lock, store: Store, upstream: upstream_trees.Upstream
+) -> upstream_trees.Upstream:
     """The upstream the series was written for (obtained only when needed: it may download)."""
-    from vllm_overlay import sources
+    from vllm_overlay import upstream_trees
 
     if spec is None and upstream.kind == "locked":
         return upstream
-    return sources.obtain(spec, the_lock, store)
+    return upstream_trees.obtain(spec, the_lock, store)
 
 
 def note_target_drift(
     result: apply.Report,
     patches: list[series.Patch],
     store: Store,
-    locked: sources.Upstream,
-    upstream: sources.Upstream,
+    locked: upstream_trees.Upstream,
+    upstream: upstream_trees.Upstream,
 ) -> None:
     """Warn, for each patch that applied, about Targets whose AST differs from the locked upstream."""
-    from vllm_overlay import apply, rebase
-    from vllm_overlay.audit import DRIFTING
+    from vllm_overlay import apply
+    from vllm_overlay.audit import session
+    from vllm_overlay.audit.decisions import DRIFTING
 
-    drift = rebase.drift_by_patch(store, locked, upstream, patches)
+    drift = session.drift_by_patch(store, locked, upstream, patches)
     for patch_result in result.results:
         changed = [d for d in drift.get(patch_result.name, []) if d.drift in DRIFTING]
         if patch_result.accepted or patch_result.status in (apply.Status.OFFSET, apply.Status.FUZZ):

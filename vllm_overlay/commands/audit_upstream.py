@@ -48,15 +48,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vllm_overlay import lock, rebase, report, series, sources
-    from vllm_overlay.audit import Decision, markdown
+    from vllm_overlay import lock, report, series, upstream_trees
+    from vllm_overlay.audit import session
+    from vllm_overlay.audit.decisions import Decision, markdown
     from vllm_overlay.store import Store
 
     proj = project.from_args(args)
     the_lock = lock.load(proj.lock_file)
     patches = series.load_series(proj.patches)
-    dates = {} if args.offline else sources.release_dates(the_lock.project)
-    result = rebase.run_audit(
+    dates = {} if args.offline else upstream_trees.release_dates(the_lock.project)
+    result = session.run_audit(
         patches,
         the_lock,
         Store(),

@@ -24,7 +24,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from vllm_overlay import engine, output, project
+from vllm_overlay import output, project
+from vllm_overlay.image import engine
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -83,7 +84,8 @@ def _mb(size: int | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vllm_overlay import image, lock, series
+    from vllm_overlay import lock, series
+    from vllm_overlay.image import build_context
 
     proj = project.from_args(args)
     step = iter(range(1, 7))
@@ -99,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     the_lock = lock.load(proj.lock_file)
     patches = series.load_series(proj.patches)
     say(f"staging {len(patches)} patch(es) from {proj.patched_tree}")
-    staging = image.stage(proj, the_lock, patches, base_image=args.base, source_url=args.source_url)
+    staging = build_context.stage(proj, the_lock, patches, base_image=args.base, source_url=args.source_url)
     for layer in staging.layers:
         output.info(f"      layer {layer.layer}: {len(layer.files)} file(s), {layer.bytes:,} bytes")
     for entry in staging.unshipped:
@@ -107,9 +109,9 @@ def run(args: argparse.Namespace) -> int:
             f"{entry['path']} is outside the installed vllm package: not shipped ({', '.join(entry['patches'])})"
         )
     say(f"staged {staging.root} ({staging.staged_bytes:,} bytes; series sha256 {staging.series_sha256[:16]})")
-    stale = image.stale_dockerfile_lines(proj, staging)
+    stale = build_context.stale_dockerfile_lines(proj, staging)
     if stale and args.sync_dockerfile:
-        image.sync_dockerfile(proj, staging)
+        build_context.sync_dockerfile(proj, staging)
         output.info(f"      updated the generated parts of {proj.root / 'Dockerfile'} ({len(stale)} line(s))")
     elif stale:
         shown = "\n".join(f"        {line}" for line in stale[:12])

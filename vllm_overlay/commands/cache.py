@@ -38,14 +38,14 @@ def _size(size: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vllm_overlay import cache, envs, lock
+    from vllm_overlay import cache, lock, testenv
     from vllm_overlay.store import Store
 
     proj = project.from_args(args)
     the_lock = lock.load(proj.lock_file)
     store = Store()
     if args.env_python:
-        print(envs.ensure(the_lock, store).python)
+        print(testenv.ensure(the_lock, store).python)
         return 0
     if args.dry_run and not args.prune:
         output.error("--dry-run only goes with --prune")

@@ -1,4 +1,4 @@
-"""``ci-image``: parse the options and run the image check of :mod:`vllm_overlay.image_ci`.
+"""``ci-image``: parse the options and run the image check of :mod:`vllm_overlay.image.ci_checks`.
 
 Its help text is that module's docstring (what the check builds and proves), kept in one place.
 """
@@ -11,7 +11,7 @@ import os
 from vllm_overlay import errors, output, project
 from vllm_overlay.commands import build_image, docstring_of
 
-__doc__ = docstring_of("vllm_overlay.image_ci")  # shown by --help (cli builds the verb's description from it)
+__doc__ = docstring_of("vllm_overlay.image.ci_checks")  # shown by --help (cli builds the verb's description from it)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,11 +53,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vllm_overlay import image_ci
+    from vllm_overlay.image import ci_checks
 
     proj = project.from_args(args)
 
-    def build(base: str, site: str, *extra: str, tag: str = image_ci.TAG, engine: tuple[str, ...] = ()) -> int:
+    def build(base: str, site: str, *extra: str, tag: str = ci_checks.TAG, engine: tuple[str, ...] = ()) -> int:
         engine = engine or ("--engine", "buildah")
         argv = ["--project", str(proj.root), *engine, "--base", base, "--no-pull", "--tag", tag]
         argv += ["--build-arg", f"VLLM_SITE_PACKAGES={site}", *extra]
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
             output.error(str(exc))
             return exc.exit_code
 
-    options = image_ci.Options(
+    options = ci_checks.Options(
         python=args.python,
         storage_driver=args.storage_driver,
         suite=args.suite,
@@ -79,4 +79,4 @@ def run(args: argparse.Namespace) -> int:
         root_build=args.root_build,
         engines=args.engines,
     )
-    return image_ci.run_checks(proj, options, build)
+    return ci_checks.run_checks(proj, options, build)

@@ -129,17 +129,17 @@ def run(args: argparse.Namespace) -> int:
 
 def range_diff(root: Path) -> str:
     """Both series applied strictly onto their own trees, then ``git range-diff`` between them."""
-    from vllm_overlay import apply, carry, lock, series, sources
+    from vllm_overlay import apply, carry, lock, series, upstream_trees
     from vllm_overlay.store import Store
 
     store = Store()
     main = project.Project(root)
     main_lock = lock.load(main.lock_file)
-    upstream = sources.obtain(None, main_lock, store)
+    upstream = upstream_trees.obtain(None, main_lock, store)
     report = apply.apply_series(
         series.load_series(main.patches, allow_empty=False),
         upstream,
-        lambda target: sources.checkout(store, upstream, target),
+        lambda target: upstream_trees.checkout(store, upstream, target),
         main.patched_tree,
         apply.Options(),
     )

@@ -17,7 +17,8 @@ import json
 import time
 from pathlib import Path
 
-from vllm_overlay import lock, output, project, shadow, verify
+from vllm_overlay import lock, output, project, shadow
+from vllm_overlay.image import verify
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

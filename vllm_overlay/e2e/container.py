@@ -17,8 +17,8 @@
   container id the engine wrote (``--cidfile``): ``stop``, then a SIGKILL to every process of the
   container still left (found from its first pid), then ``rm -f``; also when a scenario fails.
 
-podman runs with ``--runtime runc`` and the ulimits runc accepts (vllm_overlay.engine); Docker
-through a daemon of the suite's own (vllm_overlay.dockerd), the base imported the same way.
+podman runs with ``--runtime runc`` and the ulimits runc accepts (vllm_overlay.image.engine); Docker
+through a daemon of the suite's own (vllm_overlay.image.dockerd), the base imported the same way.
 """
 
 from __future__ import annotations
@@ -36,10 +36,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_overlay import dockerd, engine, envs, image, output, record, standins
+from vllm_overlay import output, record, testenv
 from vllm_overlay.cpu_runtime import RuntimeLock
 from vllm_overlay.e2e.server import Server, ServerSpec, command, server_env, stop_group
 from vllm_overlay.errors import InputError
+from vllm_overlay.image import build_context, dockerd, engine, standins
 from vllm_overlay.store import Store
 
 ENGINES = ("podman", "docker")
@@ -53,7 +54,7 @@ CPU_PACKAGES = ("python3", "python3-dev", "g++", "libnuma1", "openssl")
 SUITES = {"3.11": "bookworm"}  # the Debian suite whose python3 runs the runtime's extensions (cp3XX)
 MODEL_MOUNT = "/model"
 BASE_RECIPE = "2"  # how the base is made (bumped when that changes: the label then asks for a new one)
-# podman as on these machines (vllm_overlay.engine). Builds: podman's chroot isolation (BUILDAH_ISOLATION)
+# podman as on these machines (vllm_overlay.image.engine). Builds: podman's chroot isolation (BUILDAH_ISOLATION)
 # takes the host network only, Docker's none (the second stage reads nothing from a network); runs pass
 # --network host themselves.
 RUN_OPTIONS = {
@@ -81,7 +82,7 @@ def _python_minor(python: Path) -> str:
     return done.stdout.strip()
 
 
-def _runtime_id(pristine: envs.Env, suite: str) -> str:
+def _runtime_id(pristine: testenv.Env, suite: str) -> str:
     """What the base is made of: the runtime's environment key, the suite and the package list."""
     made = f"{pristine.path.name} {suite} {','.join(CPU_PACKAGES)} {BASE_RECIPE}"
     return hashlib.sha256(made.encode()).hexdigest()[:24]
@@ -122,7 +123,7 @@ def _stream_rootfs(tar: Path, site_packages: Path, purelib: str, sink: object) -
 
 
 def ensure_base(
-    eng: engine.Engine, store: Store, runtime: RuntimeLock, pristine: envs.Env, mirror: str | None
+    eng: engine.Engine, store: Store, runtime: RuntimeLock, pristine: testenv.Env, mirror: str | None
 ) -> tuple[str, str]:
     """The CPU base image (made if missing or made of another runtime); (ref, its vllm site-packages)."""
     ref = BASE_REF.format(version=runtime.version)
@@ -216,7 +217,7 @@ def _compile(eng: engine.Engine, imported: str, ref: str, purelib: str) -> None:
 
 
 def build_overlay(
-    eng: engine.Engine, staging: image.Staging, base: str, site_packages: str, runtime: RuntimeLock
+    eng: engine.Engine, staging: build_context.Staging, base: str, site_packages: str, runtime: RuntimeLock
 ) -> str:
     """The carried series built over ``base`` with the staged Dockerfile; its ref."""
     ref = OVERLAY_REF.format(short=staging.series_sha256[:12])
@@ -251,7 +252,7 @@ def engine_for(name: str, store: Store) -> Iterator[engine.Engine]:
     if name not in ENGINES:
         raise ContainerError(f"--image: unknown engine {name} (choose from {', '.join(ENGINES)})")
     if name == "podman":
-        from vllm_overlay.image_ci import use_storage
+        from vllm_overlay.image.ci_checks import use_storage
 
         use_storage(store.root, "overlay")
         yield engine.find_engine(name, RUN_OPTIONS[name])
@@ -264,7 +265,7 @@ def engine_for(name: str, store: Store) -> Iterator[engine.Engine]:
 
 
 def images(
-    eng: engine.Engine, store: Store, runtime: RuntimeLock, pristine: envs.Env, staging: image.Staging
+    eng: engine.Engine, store: Store, runtime: RuntimeLock, pristine: testenv.Env, staging: build_context.Staging
 ) -> Images:
     """The base (made once per runtime) and the overlay built over it, on ``eng``."""
     base, site = ensure_base(eng, store, runtime, pristine, None)

@@ -22,8 +22,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from vllm_overlay import envs, image, output, record
+from vllm_overlay import output, record, testenv
 from vllm_overlay.errors import InputError
+from vllm_overlay.image import build_context
 
 MARKER = ".vllm-overlay-layout"
 
@@ -32,8 +33,8 @@ class LayoutError(InputError, RuntimeError):
     """The pristine runtime is not pristine, or the laid-out copy fails the image's checks."""
 
 
-def _manifest_sha(staging: image.Staging) -> str:
-    manifest = staging.root / "overlay" / image.STATUS_PACKAGE / "manifest.json"
+def _manifest_sha(staging: build_context.Staging) -> str:
+    manifest = staging.root / "overlay" / build_context.STATUS_PACKAGE / "manifest.json"
     return hashlib.sha256(manifest.read_bytes()).hexdigest()
 
 
@@ -45,9 +46,9 @@ def _replace(source: Path, target: Path) -> None:
     shutil.copy2(source, target)
 
 
-def status_commands(python: Path, site: Path, staging: image.Staging) -> list[list[str]]:
+def status_commands(python: Path, site: Path, staging: build_context.Staging) -> list[list[str]]:
     """The image's checks, as the Dockerfile runs them after the COPY layers."""
-    module = [str(python), "-m", image.STATUS_PACKAGE]
+    module = [str(python), "-m", build_context.STATUS_PACKAGE]
     return [
         [*module, "compile", "--site-packages", str(site)],
         [
@@ -63,7 +64,7 @@ def status_commands(python: Path, site: Path, staging: image.Staging) -> list[li
     ]
 
 
-def lay_out(pristine: envs.Env, dist: str, staging: image.Staging, dest: Path) -> envs.Env:
+def lay_out(pristine: testenv.Env, dist: str, staging: build_context.Staging, dest: Path) -> testenv.Env:
     """The patched runtime at ``dest`` for ``staging`` (built if missing or stale), verified."""
     started = time.monotonic()
     problems = record.verify_distribution(pristine.site_packages, dist)
@@ -76,7 +77,7 @@ def lay_out(pristine: envs.Env, dist: str, staging: image.Staging, dest: Path) -
     sha = _manifest_sha(staging)
     marker = dest / MARKER
     if marker.is_file() and marker.read_text(encoding="utf-8").strip() == f"{pristine.path.resolve()} {sha}":
-        env = envs.describe(dest, key=sha[:24], managed=True)
+        env = testenv.describe(dest, key=sha[:24], managed=True)
         _run_checks(env, staging)
         output.info(f"patched runtime {dest} reused (manifest {sha[:12]}, verified)")
         return env
@@ -97,7 +98,7 @@ def lay_out(pristine: envs.Env, dist: str, staging: image.Staging, dest: Path) -
             shutil.rmtree(dest)
         # Checked at its final path (bytecode records it); usable only once the marker is written.
         os.replace(work, dest)
-        _run_checks(envs.describe(dest, key=sha[:24], managed=True), staging)
+        _run_checks(testenv.describe(dest, key=sha[:24], managed=True), staging)
         (dest / MARKER).write_text(f"{pristine.path.resolve()} {sha}\n", encoding="utf-8")
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
@@ -106,10 +107,10 @@ def lay_out(pristine: envs.Env, dist: str, staging: image.Staging, dest: Path) -
         f"patched runtime {dest}: {sum(len(layer.files) for layer in staging.layers)} file(s) laid over "
         f"{dist}, verified as the image verifies ({time.monotonic() - started:.1f}s)"
     )
-    return envs.describe(dest, key=sha[:24], managed=True)
+    return testenv.describe(dest, key=sha[:24], managed=True)
 
 
-def _run_checks(env: envs.Env, staging: image.Staging) -> None:
+def _run_checks(env: testenv.Env, staging: build_context.Staging) -> None:
     for command in status_commands(env.python, env.site_packages, staging):
         done = subprocess.run(
             command, capture_output=True, text=True, env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1"), check=False

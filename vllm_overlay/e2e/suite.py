@@ -22,9 +22,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from vllm_overlay import carry, cpu_runtime, engine, envs, image, lock, output, record
+from vllm_overlay import carry, cpu_runtime, lock, output, record, testenv
 from vllm_overlay.e2e import container, layout, scenarios
 from vllm_overlay.e2e.server import Server, ServerError, ServerSpec, running, server_env, stop_group
+from vllm_overlay.image import build_context, engine
 from vllm_overlay.store import Store
 
 TAMPER_MARK = b"\n# altered on disk by the end-to-end suite's tamper scenario\n"
@@ -437,9 +438,9 @@ def run(root: Path, options: Options) -> Outcome:
 def image_scenarios(
     outcome: Outcome,
     options: Options,
-    pristine: envs.Env,
+    pristine: testenv.Env,
     runtime_lock: cpu_runtime.RuntimeLock,
-    staging: image.Staging,
+    staging: build_context.Staging,
     model: Path,
     out: Path,
 ) -> None:
@@ -473,7 +474,7 @@ def _container_server(
     label: str,
     is_patched: bool,
     options: Options,
-    staging: image.Staging,
+    staging: build_context.Staging,
     model: Path,
     out: Path,
 ) -> list[scenarios.Result]:

@@ -10,8 +10,8 @@
   git and this machine's CA bundle;
 - the non-root stand-in: the vllm-openai stand-in made the way vLLM's vllm-openai-nonroot target is.
 
-The Debian root filesystems come from the machine's own apt sources (/etc/apt/sources.list,
-sources.list.d/*.list and *.sources; ``apt_mirror``) unless a mirror is named.
+The Debian root filesystems come from the machine's own apt sources (/etc/apt/upstream_trees.list,
+upstream_trees.list.d/*.list and *.sources; ``apt_mirror``) unless a mirror is named.
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ from pathlib import Path
 
 import git
 
-from vllm_overlay import engine, indexes, lock, output, record, shadow, sources
+from vllm_overlay import indexes, lock, output, record, shadow, upstream_trees
+from vllm_overlay.audit.targets import commit_reader
+from vllm_overlay.image import engine
 from vllm_overlay.store import Store
-from vllm_overlay.targets import commit_reader
 
 STANDIN = "localhost/vllm-openai-standin:v{version}-py"  # -py: carries the .py files only (see carry_files)
 CARRIED_SUFFIXES = (".py",)
@@ -92,19 +93,19 @@ def apt_mirror(apt_dir: Path = Path("/etc/apt")) -> str:
     """The Debian archive this machine installs from (its apt sources), for debootstrap.
 
     The first ``deb`` source whose suites include a release suite (not -security, -updates or
-    -backports): sources.list first, then sources.list.d/*.list and *.sources (deb822).
+    -backports): upstream_trees.list first, then upstream_trees.list.d/*.list and *.sources (deb822).
     """
     entries: list[tuple[list[str], list[str]]] = []
-    files = [apt_dir / "sources.list", *sorted((apt_dir / "sources.list.d").glob("*.list"))]
+    files = [apt_dir / "upstream_trees.list", *sorted((apt_dir / "upstream_trees.list.d").glob("*.list"))]
     for path in files:
         if path.is_file():
             entries += _one_line_sources(path.read_text(encoding="utf-8", errors="replace"))
-    for path in sorted((apt_dir / "sources.list.d").glob("*.sources")):
+    for path in sorted((apt_dir / "upstream_trees.list.d").glob("*.sources")):
         entries += _deb822_sources(path.read_text(encoding="utf-8", errors="replace"))
     for uris, suites in entries:
         if uris and any("-" not in suite and "/" not in suite for suite in suites):
             return uris[0]
-    raise engine.EngineError(f"no Debian release source in {apt_dir}/sources.list(.d): pass --mirror URL")
+    raise engine.EngineError(f"no Debian release source in {apt_dir}/upstream_trees.list(.d): pass --mirror URL")
 
 
 def rootfs_tar(
@@ -234,7 +235,7 @@ def make_tool_standin(eng: engine.Engine, ref: str, tar: Path, ca_bundle: Path |
 
 def nonroot_entrypoint(the_lock: lock.Lock, store: Store) -> str:
     """vLLM's own non-root entrypoint wrapper, read from the locked release in the upstream cache."""
-    upstream = sources.obtain(None, the_lock, store)
+    upstream = upstream_trees.obtain(None, the_lock, store)
     text = commit_reader(git.Repo(store.upstreams_git), upstream.commit)(NONROOT_ENTRYPOINT_SOURCE)
     if text is None:
         raise engine.EngineError(f"vllm {the_lock.version} has no {NONROOT_ENTRYPOINT_SOURCE}")

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import git
 
-from vllm_overlay import apply, audit, dependencies, merges, sources, targets
+from vllm_overlay import apply, upstream_trees
+from vllm_overlay.audit import decisions, dependencies, review, targets
 from vllm_overlay.lock import Lock
 from vllm_overlay.series import Patch
 from vllm_overlay.store import Store
@@ -20,25 +21,25 @@ from vllm_overlay.store import Store
 Progress = Callable[[int, int, str], None]
 
 
-def drift_by_patch(store: Store, old: sources.Upstream, new: sources.Upstream, patches: list[Patch]):
+def drift_by_patch(store: Store, old: upstream_trees.Upstream, new: upstream_trees.Upstream, patches: list[Patch]):
     """Each patch's Targets compared by AST between two upstream commits of the store."""
     repo = git.Repo(store.upstreams_git)
-    read_old = audit.store_reader(repo, old.commit)
-    read_new = audit.store_reader(repo, new.commit)
+    read_old = decisions.store_reader(repo, old.commit)
+    read_new = decisions.store_reader(repo, new.commit)
     return {patch.name: targets.compare_all(patch.targets, read_old, read_new) for patch in patches}
 
 
 def dependency_drift(
-    store: Store, old: sources.Upstream, new: sources.Upstream, patches: list[Patch], lock: Lock
+    store: Store, old: upstream_trees.Upstream, new: upstream_trees.Upstream, patches: list[Patch], lock: Lock
 ) -> dict[str, list[dependencies.DependencyDrift]]:
     """Each patch's Dependency-Targets compared between the pins each release's metadata states."""
     repo = git.Repo(store.upstreams_git)
     locked = {dependencies.normalize(k): v for k, v in lock.pins.items()}
 
-    def pins(upstream: sources.Upstream) -> dict[str, str]:
+    def pins(upstream: upstream_trees.Upstream) -> dict[str, str]:
         if upstream.kind == "locked":  # what the lock pins is what the series was tested with
             return locked
-        return dependencies.release_pins(audit.store_reader(repo, upstream.commit))
+        return dependencies.release_pins(decisions.store_reader(repo, upstream.commit))
 
     old_pins, new_pins = pins(old), pins(new)
     return dependencies.drift_by_patch(patches, old_pins, new_pins, store)
@@ -46,41 +47,41 @@ def dependency_drift(
 
 def findings(
     store: Store,
-    old: sources.Upstream,
-    new: sources.Upstream,
+    old: upstream_trees.Upstream,
+    new: upstream_trees.Upstream,
     patches: list[Patch],
     report: apply.Report,
     old_report: apply.Report,
     old_dir: Path,
     new_dir: Path,
-) -> dict[str, audit.Findings]:
+) -> dict[str, decisions.Findings]:
     """Conflicting vs merging files, broken merges and moved targets, patch by patch."""
     repo = git.Repo(new_dir)
     old_repo = git.Repo(old_dir) if (old_dir / ".git").exists() else None
     store_repo = git.Repo(store.upstreams_git)
-    read_new = audit.store_reader(store_repo, new.commit)
-    read_old = audit.store_reader(store_repo, old.commit)
+    read_new = decisions.store_reader(store_repo, new.commit)
+    read_old = decisions.store_reader(store_repo, old.commit)
     base = repo.git.rev_parse(new.commit)
-    found: dict[str, audit.Findings] = {}
+    found: dict[str, decisions.Findings] = {}
     for patch in patches:
         result = report.result_for(patch.name)
-        item = audit.Findings()
+        item = decisions.Findings()
         if result is None:
             found[patch.name] = item
             continue
         if result.status is apply.Status.CONFLICT:
-            item.conflict = merges.conflict_report(repo, base, patch, result)
+            item.conflict = review.conflict_report(repo, base, patch, result)
         elif result.status is apply.Status.TARGET_MISSING:
-            item.moved = merges.moved_targets(repo, new.commit, patch, read_new, read_old)
-        elif merges.is_accepted_merge(result):
+            item.moved = review.moved_targets(repo, new.commit, patch, read_new, read_old)
+        elif review.is_accepted_merge(result):
             old_result = old_report.result_for(patch.name)
             old_read = (
-                audit.store_reader(old_repo, old_result.commit)
+                decisions.store_reader(old_repo, old_result.commit)
                 if old_repo is not None and old_result is not None and old_result.commit
                 else None
             )
             assert result.commit is not None
-            item.unresolved = merges.unresolved_names(repo, result.commit, old_read, patch.touched_files)
+            item.unresolved = review.unresolved_names(repo, result.commit, old_read, patch.touched_files)
         if result.accepted and result.commit:
             base = result.commit
         found[patch.name] = item
@@ -134,10 +135,10 @@ def range_diff(old_repo: Path, new_repo: Path) -> str:
 
 @dataclass
 class AuditResult:
-    old: sources.Upstream
-    new: sources.Upstream
+    old: upstream_trees.Upstream
+    new: upstream_trees.Upstream
     report: apply.Report
-    rows: list[audit.AuditRow]
+    rows: list[decisions.AuditRow]
     range_diff: str
     seconds: dict[str, float] = field(default_factory=dict)  # wall time per phase
 
@@ -165,19 +166,24 @@ def run_audit(
 ) -> AuditResult:
     """Apply the series to the old upstream (default: the lock) and to the new one (3-way allowed)."""
     clock = _Clock()
-    old = sources.obtain(old_spec, lock, store)
-    new = sources.obtain(spec, lock, store)
+    old = upstream_trees.obtain(old_spec, lock, store)
+    new = upstream_trees.obtain(spec, lock, store)
     clock.lap("obtain upstreams")
     with tempfile.TemporaryDirectory(prefix="vllm-overlay-audit-") as tmp:
         old_dir, new_dir = Path(tmp) / "old", Path(tmp) / "new"
         old_report = apply.apply_series(
-            patches, old, lambda d: sources.checkout(store, old, d), old_dir, apply.Options(), publish_partial=True
+            patches,
+            old,
+            lambda d: upstream_trees.checkout(store, old, d),
+            old_dir,
+            apply.Options(),
+            publish_partial=True,
         )
         clock.lap("apply on the old upstream")
         report = apply.apply_series(
             patches,
             new,
-            lambda d: sources.checkout(store, new, d),
+            lambda d: upstream_trees.checkout(store, new, d),
             new_dir,
             apply.Options(allow_offset=True, allow_fuzz=True, three_way=True),
             progress=progress,
@@ -196,7 +202,7 @@ def run_audit(
             result = report.result_for(patch.name)
             assert result is not None  # apply_series reports every patch it was given
             rows.append(
-                audit.audit_row(
+                decisions.audit_row(
                     patch,
                     result,
                     drift[patch.name],

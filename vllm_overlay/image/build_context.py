@@ -36,8 +36,9 @@ from pathlib import Path, PurePosixPath
 import git
 import unidiff
 
-from vllm_overlay import atomicfile, export, record, sbom, staging
+from vllm_overlay import atomicfile, export, record, staging
 from vllm_overlay.errors import InputError
+from vllm_overlay.image import sbom
 from vllm_overlay.lock import Lock
 from vllm_overlay.project import Project
 from vllm_overlay.series import PATCH_FILE_TRAILER, Patch, series_names

@@ -21,7 +21,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from vllm_overlay import engine, output
+from vllm_overlay import output
+from vllm_overlay.image import engine
 from vllm_overlay.store import Store
 
 RUN_DIR = Path("/run/vllm-overlay-ci-docker")

@@ -1,7 +1,7 @@
 """The image check (scripts/ci-image): the real Dockerfile built FROM a local stand-in base, then tampered.
 
 No registry is reachable on CI machines, so the vllm/vllm-openai base is replaced by a stand-in with
-the pristine vllm .py files and dist-info of the locked release (vllm_overlay.standins says how each
+the pristine vllm .py files and dist-info of the locked release (vllm_overlay.image.standins says how each
 stand-in is made). Then:
 
   1. scripts/build-image builds the real Dockerfile on the stand-in and verifies inside the image;
@@ -28,7 +28,7 @@ stand-in is made). Then:
      (buildah's library, run with --runtime runc and runc's ulimits: its default runtime fails on
      these machines) must give buildah's layer digests; Docker's classic builder stamps build times
      into its layers, so its digests are reported, not required. Docker runs as a daemon of the
-     check's own (vllm_overlay.dockerd), the stand-ins loaded from archives (docker load).
+     check's own (vllm_overlay.image.dockerd), the stand-ins loaded from archives (docker load).
 
 Last, no build of the run (check 3's failing one included) may leave a working container behind.
 
@@ -52,8 +52,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_overlay import dockerd, engine, envs, image, indexes, lock, output, project, sbom, series
-from vllm_overlay.standins import (
+from vllm_overlay import indexes, lock, output, project, series, testenv
+from vllm_overlay.image import build_context, dockerd, engine, sbom
+from vllm_overlay.image.standins import (
     NONROOT_ENTRYPOINT,
     NONROOT_HOME,
     NONROOT_USER,
@@ -330,7 +331,9 @@ def engine_checks(
         figures.append(f"{name} run in the built image: {', '.join(ran) or 'nothing passed'}")
 
         with tempfile.TemporaryDirectory(prefix=".ci-image-tamper-", dir=proj.build) as scratch:
-            staging = image.stage(proj, the_lock, patches, base_image=buildah.base, dest=Path(scratch) / "image")
+            staging = build_context.stage(
+                proj, the_lock, patches, base_image=buildah.base, dest=Path(scratch) / "image"
+            )
             victim = next(
                 (staging.root / "layers" / layer.layer / f.path for layer in staging.layers[::-1] for f in layer.files),
                 staging.root / "overlay" / "vllm_overlay_status" / "plugin.py",
@@ -477,7 +480,7 @@ def run_checks(proj: project.Project, options: Options, build: Build) -> int:
             started = time.monotonic()
             tar = rootfs_tar(store.root, args.suite, args.mirror or apt_mirror())
             after_rootfs = time.monotonic()
-            python = args.python or str(envs.ensure(the_lock, store).python)
+            python = args.python or str(testenv.ensure(the_lock, store).python)
             site = make_standin(eng, ref, the_lock, python, tar)
             figures.append(
                 f"stand-in base created in {time.monotonic() - started:.0f} s "
@@ -504,7 +507,7 @@ def run_checks(proj: project.Project, options: Options, build: Build) -> int:
             failures.append(f"layer digests differ across rebuilds: {first} vs {second}")
 
         output.info("== 3. a tampered file in a staged layer fails the build")
-        staging = image.stage(proj, the_lock, patches, base_image=ref)
+        staging = build_context.stage(proj, the_lock, patches, base_image=ref)
         victim = next(  # a file of the last layer: no later layer masks the change
             (staging.root / "layers" / layer.layer / f.path for layer in staging.layers[::-1] for f in layer.files),
             staging.root / "overlay" / "vllm_overlay_status" / "plugin.py",
@@ -519,7 +522,7 @@ def run_checks(proj: project.Project, options: Options, build: Build) -> int:
             failures.append(f"tampered {victim.relative_to(staging.root)} but the build passed")
         else:
             figures.append(f"tampered layer file {victim.relative_to(staging.root)}: build failed as it must")
-        image.stage(proj, the_lock, patches, base_image=ref)  # leave build/image as it should be
+        build_context.stage(proj, the_lock, patches, base_image=ref)  # leave build/image as it should be
 
         output.info("== 4. tampered files in the built image fail verify and the plugin")
         entry = eng.run(
@@ -543,7 +546,7 @@ def run_checks(proj: project.Project, options: Options, build: Build) -> int:
         if eng.run(TAG, plugin)[0] != 0:
             failures.append("the plugin fails on the untampered image")
         replaced = sorted(staging.manifest["files"])
-        victims = ([replaced[0]] if replaced else []) + ["vllm/envs.py"]
+        victims = ([replaced[0]] if replaced else []) + ["vllm/testenv.py"]
         for rel in victims:
             container = sh(eng.exe, "from", "--pull=never", TAG).splitlines()[-1]
             try:
@@ -625,7 +628,7 @@ def run_checks(proj: project.Project, options: Options, build: Build) -> int:
             failures.append(f"{len(left)} working container(s) left in the store: {', '.join(left)}")
         else:
             figures.append("no working container left in the store (failed builds included)")
-    except (lock.LockError, series.SeriesError, image.ImageError, engine.EngineError, FileNotFoundError) as exc:
+    except (lock.LockError, series.SeriesError, build_context.ImageError, engine.EngineError, FileNotFoundError) as exc:
         output.error(str(exc))
         for line in figures:
             output.result(line)

@@ -45,7 +45,7 @@ from vllm_overlay import indexes, output, project
 if TYPE_CHECKING:
     from vllm_overlay import testrun
 
-# The environment override (vllm_overlay.envs.ENV_VAR: named here so --help need not import envs).
+# The environment override (vllm_overlay.testenv.ENV_VAR: named here so --help need not import envs).
 ENV_VAR = "VLLM_OVERLAY_ENV"
 
 
@@ -144,14 +144,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, proj: project.Project, workdir: Path, started: float) -> int:
-    from vllm_overlay import apply, apply_record, envs, lock, report, series, shadow, sources, testrun
+    from vllm_overlay import apply, apply_record, lock, report, series, shadow, testenv, testrun, upstream_trees
     from vllm_overlay.store import Store
 
     store = Store()
     the_lock = lock.load(proj.lock_file)
     every = series.load_series(proj.patches)
     selected = series.select(every, args.only)
-    upstream = sources.obtain(args.upstream, the_lock, store)
+    upstream = upstream_trees.obtain(args.upstream, the_lock, store)
     if not selected:
         output.error("patches/series lists no patches")
         return 2
@@ -163,9 +163,9 @@ def _run(args: argparse.Namespace, proj: project.Project, workdir: Path, started
     last = max(every.index(p) for p in selected)
     prefix = every[: last + 1]
     try:
-        env = envs.ensure(the_lock, store, args.env)
+        env = testenv.ensure(the_lock, store, args.env)
         installed = shadow.installed_package_dir(env.python)
-    except (envs.EnvError, FileNotFoundError) as exc:
+    except (testenv.EnvError, FileNotFoundError) as exc:
         output.error(str(exc))
         return 2
 
@@ -175,7 +175,7 @@ def _run(args: argparse.Namespace, proj: project.Project, workdir: Path, started
     applied = apply.apply_series(
         prefix,
         upstream,
-        lambda dest: sources.checkout(store, upstream, dest),
+        lambda dest: upstream_trees.checkout(store, upstream, dest),
         patched,
         apply.Options(),
         # Unchanged since the last run: answered from the tree's record, nothing rebuilt.

@@ -28,7 +28,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from vllm_overlay import output, sources, targets
+from vllm_overlay import output, upstream_trees
+from vllm_overlay.audit import targets
 from vllm_overlay.series import Patch
 from vllm_overlay.store import Store
 
@@ -125,7 +126,7 @@ def release_pins(read: targets.FileReader, fallback: Mapping[str, str] | None = 
 # --- obtaining a pinned version's sources ------------------------------------------------------
 
 
-def _pick_archive(files: list[sources.IndexFile], distribution: str, version: str) -> sources.IndexFile:
+def _pick_archive(files: list[upstream_trees.IndexFile], distribution: str, version: str) -> upstream_trees.IndexFile:
     """A pure-Python wheel (random access) if the index has one, else the sdist."""
     stem = re.sub(r"[-_.]+", "_", distribution)
     usable = [f for f in files if re.fullmatch(r"[0-9a-f]{64}", f.sha256 or "")]
@@ -133,7 +134,7 @@ def _pick_archive(files: list[sources.IndexFile], distribution: str, version: st
     sdists = [f for f in usable if f.filename in (f"{stem}-{version}.tar.gz", f"{distribution}-{version}.tar.gz")]
     chosen = (wheels or sdists)[:1]
     if not chosen:
-        raise sources.SourceError(
+        raise upstream_trees.SourceError(
             f"the package index has no pure-Python wheel or sdist (with a sha256) of {distribution} {version}"
         )
     return chosen[0]
@@ -188,11 +189,11 @@ def source_root(store: Store, distribution: str, version: str) -> Path:
     with store.exclusive():
         if marker.is_file():
             return root
-        entry = _pick_archive(sources.release_files(distribution, version), distribution, version)
+        entry = _pick_archive(upstream_trees.release_files(distribution, version), distribution, version)
         archive = store.downloads / entry.filename
         if not archive.exists():
             output.info(f"downloading {entry.filename} (dependency-API check)")
-        sources.download(entry.url, archive, entry.sha256, entry.size)
+        upstream_trees.download(entry.url, archive, entry.sha256, entry.size)
         root.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=root.parent, prefix=f".{root.name}."))
         try:
@@ -378,7 +379,7 @@ def drift_by_patch(
         if key not in readers:
             try:
                 readers[key] = directory_reader(source_root(store, distribution, version))
-            except sources.SourceError as exc:
+            except upstream_trees.SourceError as exc:
                 readers[key], failures[key] = None, str(exc)
         return readers[key]
 

@@ -12,8 +12,8 @@ import enum
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
-from vllm_overlay import dependencies, merges, targets
 from vllm_overlay.apply import PatchResult, Status
+from vllm_overlay.audit import dependencies, review, targets
 from vllm_overlay.series import Patch
 
 
@@ -84,9 +84,9 @@ def dependency_verdict(deps: list[dependencies.DependencyDrift]) -> tuple[Decisi
 
 @dataclass
 class Findings:
-    """What the audit found beyond the apply status (see vllm_overlay.merges)."""
+    """What the audit found beyond the apply status (see vllm_overlay.audit.review)."""
 
-    conflict: merges.ConflictReport | None = None
+    conflict: review.ConflictReport | None = None
     unresolved: list[str] = field(default_factory=list)
     moved: list[str] = field(default_factory=list)
 
@@ -119,7 +119,7 @@ def _decide_upstream(
     if result.status is Status.ALREADY_UPSTREAM:
         return Decision.DROP, "upstream already carries the change (the patch reverse-applies)"
     if result.status is Status.CONFLICT and findings.conflict is not None:
-        return Decision.RESOLVE, f"{result.status}: {merges.summary(findings.conflict, limit)}"
+        return Decision.RESOLVE, f"{result.status}: {review.summary(findings.conflict, limit)}"
     if result.status in (Status.CONFLICT, Status.TARGET_MISSING):
         notes = result.hunks if limit is None else result.hunks[:limit]
         where = "; ".join(str(h) for h in notes) or result.detail

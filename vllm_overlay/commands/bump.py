@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, proj: project.Project, repo_dir: Path) -> int:
-    from vllm_overlay import bump, lock, series, sources
+    from vllm_overlay import bump, lock, series, upstream_trees
     from vllm_overlay.store import Store
 
     store = Store()
@@ -89,17 +89,17 @@ def _run(args: argparse.Namespace, proj: project.Project, repo_dir: Path) -> int
         if args.resume:
             bump.resume(repo_dir)
         else:
-            upstream = sources.obtain(args.version, the_lock, store)
+            upstream = upstream_trees.obtain(args.version, the_lock, store)
             if upstream.kind not in ("release", "locked"):
                 output.error("bump needs a published release number; use audit-upstream for directories and git")
                 return 2
             bump.check_direction(the_lock.version, upstream.version or args.version, args.allow_downgrade)
             patches = series.load_series(proj.patches)
             output.info(f"applying {len(patches)} patches onto {upstream.label} with git am --3way in {repo_dir}")
-            locked = sources.obtain(None, the_lock, store)
+            locked = upstream_trees.obtain(None, the_lock, store)
             bump.start(patches, upstream, store, repo_dir, args.version, seed_base=locked.commit)
         state = bump.BumpState.load(repo_dir)
-        upstream = sources.Upstream(**state.upstream)  # type: ignore[arg-type]
+        upstream = upstream_trees.Upstream(**state.upstream)  # type: ignore[arg-type]
         relocked = bump.new_lock(the_lock, upstream, store)
         changed = bump.install(repo_dir, proj.patches, proj.lock_file, relocked)
     except bump.ForeignRepository as exc:

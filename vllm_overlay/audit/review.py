@@ -22,7 +22,7 @@ from pyflakes import api as pyflakes_api
 from pyflakes import messages as pyflakes_messages
 from pyflakes import reporter as pyflakes_reporter
 
-from vllm_overlay import targets
+from vllm_overlay.audit import targets
 from vllm_overlay.classify import HunkNote, PatchResult, Status
 from vllm_overlay.series import Patch
 
