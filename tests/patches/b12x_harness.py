@@ -12,6 +12,7 @@ adds its own stand-in for the kernel launch (``moe_dispatch.launch_sm120_moe``).
 
 from __future__ import annotations
 
+import functools
 from types import SimpleNamespace
 from typing import Any
 
@@ -31,14 +32,23 @@ from vllm.model_executor.layers.fused_moe.experts.flashinfer_b12x_moe import (
 )
 
 
-def cpu_wrapper_class() -> type:
-    real = fi_fused_moe.B12xMoEWrapper
+def cpu_device(device: Any) -> Any:
+    """``device``, with a CUDA device replaced by the CPU (the one GPU seam of construction)."""
+    return "cpu" if torch.device(device).type == "cuda" else device
+
+
+def cpu_wrapper_class(real: type | None = None) -> type:
+    """``real`` (flashinfer's B12xMoEWrapper by default), allocating on CPU, with the real signature.
+
+    The signature is kept (``functools.wraps``): workspace-reuse's patched layer reads it to decide
+    whether buffers can be shared.
+    """
+    real = fi_fused_moe.B12xMoEWrapper if real is None else real
 
     class CpuAllocatedB12xMoEWrapper(real):  # type: ignore[misc, valid-type]
+        @functools.wraps(real.__init__)
         def __init__(self, *args: Any, device: Any = "cuda", **kwargs: Any):
-            if torch.device(device).type == "cuda":
-                device = "cpu"
-            super().__init__(*args, device=device, **kwargs)
+            super().__init__(*args, device=cpu_device(device), **kwargs)
 
     return CpuAllocatedB12xMoEWrapper
 

@@ -92,11 +92,19 @@ def parallel_rank(monkeypatch: pytest.MonkeyPatch):
     return set_rank
 
 
+def _complete_table(module) -> torch.Tensor:
+    """The complete PLE table of ``module``'s embedding, every value distinct (row-major arange)."""
+    embedding = module.ngram_embedding
+    rows, width = embedding.org_vocab_size, embedding.weight.shape[1]
+    return torch.arange(rows * width, dtype=torch.float32).reshape(rows, width)
+
+
 @pytest.fixture
 def ple_builders():
-    """Builders of the real NVIDIA and AMD ``Qwen4ExpNGramEmbedding``."""
+    """Builders of the real NVIDIA and AMD ``Qwen4ExpNGramEmbedding``, and of a complete table for one."""
     return SimpleNamespace(
         config=_small_ple_config,
+        complete_table=_complete_table,
         by_platform={
             "nvidia": _build_nvidia_ngram_embedding,
             "amd": _build_amd_ngram_embedding,

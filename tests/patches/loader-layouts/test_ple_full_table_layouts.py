@@ -27,19 +27,13 @@ FULL_TABLE_NAMES = ["ngram_embedding.shard_.weight", "shard_.weight"]
 PLATFORMS = ["amd", "nvidia"]
 
 
-def _complete_table(module) -> torch.Tensor:
-    embedding = module.ngram_embedding
-    rows, width = embedding.org_vocab_size, embedding.weight.shape[1]
-    return torch.arange(rows * width, dtype=torch.float32).reshape(rows, width)
-
-
 @pytest.mark.parametrize("platform", PLATFORMS)
 @pytest.mark.parametrize("name", FULL_TABLE_NAMES)
 @pytest.mark.parametrize("rank", [0, 1])
 def test_complete_table_gives_each_tp_rank_its_rows(parallel_rank, ple_builders, platform, name, rank):
     parallel_rank(rank=rank, world_size=2)
     module = ple_builders.by_platform[platform](ple_builders.config())
-    table = _complete_table(module)
+    table = ple_builders.complete_table(module)
     embedding = module.ngram_embedding
     assert embedding.org_vocab_size == 16 and embedding.weight.shape[0] == 8
 
@@ -59,7 +53,7 @@ def test_complete_table_of_wrong_shape_is_rejected_before_copy(
     module = ple_builders.by_platform[platform](ple_builders.config())
     embedding = module.ngram_embedding
     embedding.weight.data.fill_(-7.0)
-    table = _complete_table(module)
+    table = ple_builders.complete_table(module)
     # Too few rows would still overlap this rank's range; a width of one would
     # broadcast. Both must be refused as a whole.
     bad = table[:-3] if shape_error == "rows" else table[:, :1]
@@ -80,7 +74,7 @@ def test_complete_table_at_tp4_gives_every_rank_its_quarter(parallel_rank, ple_b
     for rank in range(4):
         parallel_rank(rank=rank, world_size=4)
         module = build(ple_builders.config())
-        table = _complete_table(module)
+        table = ple_builders.complete_table(module)
         assert module.ngram_embedding.weight.shape[0] == 4
 
         assert module.load_weights([(name, table)]) == {"ngram_embedding.weight"}
@@ -105,7 +99,7 @@ def test_shard_boundaries_that_differ_from_tp_boundaries(
     for rank in range(world_size):
         parallel_rank(rank=rank, world_size=world_size)
         module = build(config)
-        table = _complete_table(module)
+        table = ple_builders.complete_table(module)
         shards = [(f"ngram_embedding.shard_{index}.weight", part) for index, part in enumerate(table.split(shard_rows))]
         assert len(shards) == split_parts
 
@@ -122,7 +116,7 @@ def test_checkpoint_sharded_unlike_its_config_is_refused(parallel_rank, ple_buil
     parallel_rank(rank=1, world_size=4)
     module = ple_builders.by_platform[platform](ple_builders.config(split_ngram_parts=2))
     module.ngram_embedding.weight.data.fill_(-7.0)
-    table = _complete_table(module)
+    table = ple_builders.complete_table(module)
     shards = [(f"ngram_embedding.shard_{index}.weight", part) for index, part in enumerate(table.split(6))]
 
     with pytest.raises(ValueError, match="Shape mismatch for PLE embedding shard 0"):
@@ -138,7 +132,7 @@ def test_numbered_shards_match_the_complete_table(parallel_rank, ple_builders, p
     build = ple_builders.by_platform[platform]
     sharded = build(config)
     whole = build(config)
-    table = _complete_table(whole)
+    table = ple_builders.complete_table(whole)
 
     shards = [(f"ngram_embedding.shard_{index}.weight", part) for index, part in enumerate(table.split(8))]
     assert sharded.load_weights(shards) == {"ngram_embedding.weight"}

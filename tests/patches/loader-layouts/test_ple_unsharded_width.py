@@ -18,12 +18,6 @@ import torch
 PLATFORMS = ["amd", "nvidia"]
 
 
-def _complete_table(module) -> torch.Tensor:
-    embedding = module.ngram_embedding
-    rows, width = embedding.org_vocab_size, embedding.weight.shape[1]
-    return torch.arange(rows * width, dtype=torch.float32).reshape(rows, width)
-
-
 @pytest.mark.parametrize("platform", PLATFORMS)
 @pytest.mark.parametrize("width", [1, 2])
 def test_unsharded_table_of_wrong_width_is_a_load_error(parallel_rank, ple_builders, platform, width):
@@ -31,7 +25,7 @@ def test_unsharded_table_of_wrong_width_is_a_load_error(parallel_rank, ple_build
     module = ple_builders.by_platform[platform](ple_builders.config())
     embedding = module.ngram_embedding
     embedding.weight.data.fill_(-7.0)
-    table = _complete_table(module)
+    table = ple_builders.complete_table(module)
     narrow = table[:, :width].contiguous()
 
     with pytest.raises(ValueError) as excinfo:
@@ -48,7 +42,7 @@ def test_unsharded_table_of_wrong_width_is_a_load_error(parallel_rank, ple_build
 def test_unsharded_table_of_the_right_shape_still_loads(parallel_rank, ple_builders, platform, rank):
     parallel_rank(rank=rank, world_size=2)
     module = ple_builders.by_platform[platform](ple_builders.config())
-    table = _complete_table(module)
+    table = ple_builders.complete_table(module)
 
     loaded = module.load_weights([("ngram_embedding.weight", table)])
 

@@ -8,10 +8,11 @@ static workspace, dynamic workspace and output buffer through flashinfer's own
 ``allocate_sm120_moe_workspace``. Only two things that need an SM12x GPU are
 replaced:
 
-* the CUDA allocation: a subclass of the real wrapper redirects a ``cuda``
-  device to CPU (vLLM 0.33.0 builds the wrapper on the default ``"cuda"``).
-  It keeps the real ``__init__`` signature (``functools.wraps``), because the
-  patched layer reads that signature to decide whether buffers can be shared;
+* the CUDA allocation: ``b12x_harness.cpu_wrapper_class``, a subclass of the
+  real wrapper, redirects a ``cuda`` device to CPU (vLLM 0.33.0 builds the
+  wrapper on the default ``"cuda"``). It keeps the real ``__init__`` signature
+  (``functools.wraps``), because the patched layer reads that signature to
+  decide whether buffers can be shared;
 * the kernel launch: ``moe_dispatch.launch_sm120_moe`` is a stub returning the
   output buffer, so ``apply()`` can run end to end.
 
@@ -29,7 +30,6 @@ seam that reproduces the older API.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import gc
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -38,26 +38,11 @@ from typing import Any
 import flashinfer.fused_moe as fi_fused_moe
 import pytest
 import torch
-from b12x_harness import B12xLayer
+from b12x_harness import B12xLayer, cpu_device, cpu_wrapper_class
 from flashinfer.fused_moe.cute_dsl.blackwell_sm12x import moe_dispatch
 from vllm.model_executor.layers.fused_moe.experts.flashinfer_b12x_moe import (
     FlashInferB12xExperts,
 )
-
-
-def _cpu_device(device: Any) -> Any:
-    return "cpu" if torch.device(device).type == "cuda" else device
-
-
-def cpu_wrapper_class(real: type) -> type:
-    """The real wrapper, allocating on CPU, with the real signature."""
-
-    class CpuAllocatedB12xMoEWrapper(real):  # type: ignore[misc, valid-type]
-        @functools.wraps(real.__init__)
-        def __init__(self, *args: Any, device: Any = "cuda", **kwargs: Any):
-            super().__init__(*args, device=_cpu_device(device), **kwargs)
-
-    return CpuAllocatedB12xMoEWrapper
 
 
 def pre_sharing_wrapper_class(real: type) -> type:
@@ -88,7 +73,7 @@ def pre_sharing_wrapper_class(real: type) -> type:
                 max_num_tokens=max_num_tokens,
                 num_local_experts=num_local_experts,
                 output_dtype=output_dtype,
-                device=_cpu_device(device),
+                device=cpu_device(device),
                 activation=activation,
             )
 
