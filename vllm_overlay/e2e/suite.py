@@ -140,7 +140,7 @@ def tp_probe(python: Path, root: Path, model: Path, log: Path, timeout: float, r
     The model is the test model that fails on rank 1 once its trigger file exists (made by the
     probe, last); the workers find it, and the probe's functions, through the plugin's PYTHONPATH.
     """
-    from vllm_overlay.e2e.test_models import FAIL_ARCH, FAIL_TRIGGER_ENV
+    from vllm_overlay.e2e.fault_models import FAIL_ARCH, FAIL_TRIGGER_ENV
 
     out = log.parent
     trigger = out / f"{log.stem}.fail-trigger"
@@ -251,13 +251,13 @@ PLUGIN_DIST = "vllm_overlay_e2e_models-0.0.0.dist-info"
 
 def make_hang_model(model: Path, dest: Path) -> Path:
     """The tiny model's files with config.json naming the hanging test architecture."""
-    from vllm_overlay.e2e.test_models import HANG_ARCH
+    from vllm_overlay.e2e.fault_models import HANG_ARCH
 
     return make_arch_model(model, dest, HANG_ARCH)
 
 
 def make_arch_model(model: Path, dest: Path, arch: str) -> Path:
-    """The tiny model's files with config.json naming a test architecture (vllm_overlay.e2e.test_models)."""
+    """The tiny model's files with config.json naming a test architecture (vllm_overlay.e2e.fault_models)."""
     dest.mkdir(parents=True, exist_ok=True)
     for source in model.iterdir():
         if source.is_file():
@@ -305,7 +305,7 @@ def plugin_path(root: Path, dest: Path) -> str:
     dist.mkdir(parents=True, exist_ok=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-overlay-e2e-models\nVersion: 0.0.0\n")
     (dist / "entry_points.txt").write_text(
-        "[vllm.general_plugins]\ne2e_test_models = vllm_overlay.e2e.test_models:register\n"
+        "[vllm.general_plugins]\ne2e_fault_models = vllm_overlay.e2e.fault_models:register\n"
     )
     return os.pathsep.join([str(dest), str(root)])
 

@@ -15,7 +15,7 @@ gloo on CPU), then:
   every position: one ModelRunnerOutput past 24 MiB from the output rank, three rounds, each checked
   for shape and against the first (and its digest printed, so two runtimes can be compared);
 - forward-failure (last: the engine does not survive it): with the test model of
-  vllm_overlay.e2e.test_models, the trigger file is made and rank 1 raises inside forward while
+  vllm_overlay.e2e.fault_models, the trigger file is made and rank 1 raises inside forward while
   rank 0 goes on into the collective; the caller must get an error, and the seconds it took are
   recorded.
 
@@ -188,7 +188,7 @@ def forward_failure(llm: object, trigger: str) -> dict[str, object]:
     """Rank 1 raises inside forward (the test model, once the trigger exists): the caller must get an error."""
     from vllm import SamplingParams
 
-    from vllm_overlay.e2e.test_models import FAIL_MESSAGE
+    from vllm_overlay.e2e.fault_models import FAIL_MESSAGE
 
     with open(trigger, "w", encoding="utf-8") as handle:
         handle.write("fail\n")

@@ -1,4 +1,4 @@
-"""Test models for the end-to-end suite, registered through vLLM's own plugin mechanism.
+"""Models that hang or fail on demand, for the end-to-end suite, registered through vLLM's own plugin mechanism.
 
 Loaded in every vLLM process by the ``vllm.general_plugins`` entry point that
 vllm_overlay.e2e.suite writes into a scratch dist-info on the server's PYTHONPATH; the model
