@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from pathlib import Path
 
 from vllm_overlay import lock, paths
 from vllm_overlay.audit import dependencies
 from vllm_overlay.series import (
+    FORWARDED_NOT_RE,
+    FORWARDED_URL_RE,
+    MESSAGE_HEADINGS,
     ONE_OF_FIELDS,
     REQUIRED_FIELDS,
     SERIES_FILE,
     SERIES_NAME_RE,
+    Patch,
     SeriesError,
     load_patch,
     read_series,
@@ -38,6 +43,61 @@ def spdx_problems(repo_root: Path) -> list[str]:
         if missing:
             rel = path.relative_to(repo_root).as_posix()
             problems.append(f"{rel}: lacks the SPDX header line {missing[0]!r} (vLLM's pre-commit requires both)")
+    return problems
+
+
+def _paragraphs(patch: Patch) -> list[str]:
+    """The message body's paragraphs: no subject line, and no trailer block where git found one."""
+    paragraphs = [p.strip("\n") for p in re.split(r"\n[ \t]*\n", patch.message)[1:] if p.strip()]
+    return paragraphs[:-1] if paragraphs and patch.trailers else paragraphs
+
+
+def _near_heading(paragraph: str) -> str | None:
+    """The heading a paragraph's first line seems meant as ('## Tests', 'Why:', 'how'), or None."""
+    first = paragraph.split("\n", 1)[0].strip().lstrip("#").strip().rstrip(":").strip().lower()
+    return next((heading for heading in MESSAGE_HEADINGS if heading.lower() == first), None)
+
+
+def heading_problems(patch: Patch) -> list[str]:
+    """Why the body is not the five headings, once each, in order, each with text under it (empty: it is)."""
+    paragraphs = _paragraphs(patch)
+    found = [(index, text) for index, text in enumerate(paragraphs) if text in MESSAGE_HEADINGS]
+    form = f"each alone on its line between blank lines, in the order {', '.join(MESSAGE_HEADINGS)}"
+    problems = []
+    for heading in MESSAGE_HEADINGS:
+        count = sum(1 for _, text in found if text == heading)
+        if count > 1:
+            problems.append(f"the message has the heading {heading!r} {count} times (once each: {form})")
+        elif not count:
+            near = [p for p in paragraphs if p != heading and _near_heading(p) == heading]
+            first = near[0].splitlines()[0].strip() if near else ""
+            hint = f"; write {first!r} as {heading!r}" if first != heading else f"; {heading!r} is not alone"
+            hint = hint if near else ""
+            problems.append(f"the message lacks the heading {heading!r} ({form}){hint}")
+    order = [text for _, text in found]
+    if sorted(order, key=MESSAGE_HEADINGS.index) != order:
+        problems.append(f"the message's headings are out of order: {', '.join(order)} ({form})")
+    if paragraphs and paragraphs[0] not in MESSAGE_HEADINGS and found:
+        problems.append(f"the message body has text before its first heading {found[0][1]!r} (it starts with 'Why')")
+    for position, (index, heading) in enumerate(found):
+        following = found[position + 1][0] if position + 1 < len(found) else len(paragraphs)
+        if following == index + 1:
+            problems.append(f"the heading {heading!r} has no text under it")
+    return problems
+
+
+def forwarded_problems(patch: Patch) -> list[str]:
+    """Why a Forwarded value is neither a URL nor a reason with a drop condition (empty: every one is)."""
+    problems = []
+    for value in patch.values("Forwarded"):
+        if FORWARDED_URL_RE.match(value):
+            continue
+        match = FORWARDED_NOT_RE.match(value)
+        if not match or not match["reason"].strip() or not match["drop"].strip():
+            problems.append(
+                f"Forwarded: {value!r} is neither the upstream issue's or PR's URL nor "
+                "'no (reason: WHY; drop when: CONDITION)'"
+            )
     return problems
 
 
@@ -75,6 +135,8 @@ def lint(repo_root: Path, patches_dir: Path, tree: Path | None = None) -> list[s
         for group in ONE_OF_FIELDS:
             if not any(key.lower() in present for key in group):
                 problems.append(f"{where}: needs one of the headers {', '.join(k + ':' for k in group)}")
+        problems.extend(f"{where}: {problem}" for problem in heading_problems(patch))
+        problems.extend(f"{where}: {problem}" for problem in forwarded_problems(patch))
         if patch.subject.startswith("["):
             problems.append(f"{where}: subject starts with '[...]', which git am strips; use 'component: subject'")
         series = patch.series

@@ -25,6 +25,13 @@ SERIES_FILE = "series"
 REQUIRED_FIELDS = ("Description", "Origin", "Last-Update", "Series", "Tests", "Upstream-Tests", "Targets")
 ONE_OF_FIELDS = (("Bug", "Forwarded"),)
 MULTI_VALUE_FIELDS = ("Tests", "Upstream-Tests", "Targets")
+# The message body's headings, in this order, each alone on its line between blank lines. No colon:
+# "Tests:" would read as a trailer or a DEP-3 field, and "## Tests" as a comment to git commit.
+MESSAGE_HEADINGS = ("Why", "How", "Configurations covered", "Tests", "Upstream status")
+# A Forwarded value that is not a URL says why and until when: DEP-3's "no" or "not-needed", then
+# "(reason: WHY; drop when: CONDITION)".
+FORWARDED_URL_RE = re.compile(r"^https?://\S+$")
+FORWARDED_NOT_RE = re.compile(r"^(?:no|not-needed) \(reason: (?P<reason>.+?); drop when: (?P<drop>.+)\)$")
 # Added on apply so export knows which file a commit came from; never written to a patch file.
 PATCH_FILE_TRAILER = "Patch-File"
 SERIES_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")

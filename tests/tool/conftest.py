@@ -27,15 +27,38 @@ IDENTITY = {
 SPDX_HEADER = (
     "# SPDX-License-Identifier: Apache-2.0\n# SPDX-FileCopyrightText: Copyright contributors to the vLLM project\n"
 )
+# The message body lint-patches asks for: five headings, each with its text.
+BODY = """Why
+
+Why and how.
+
+How
+
+The change.
+
+Configurations covered
+
+Every configuration.
+
+Tests
+
+The demo test.
+
+Upstream status
+
+Not forwarded.
+
+"""
 TRAILERS = """Description: {subject}
 Origin: vendor
-Forwarded: no
+Forwarded: no (reason: a test patch; drop when: the test ends)
 Last-Update: 2026-11-29
 Series: {series}
 Tests: tests/patches/{series}/test_demo.py
 Upstream-Tests: tests/test_demo_upstream.py
 Targets: vllm.core:value
 """
+FORWARDED = next(line for line in TRAILERS.splitlines() if line.startswith("Forwarded:"))
 
 
 def git(cwd: Path, *args: str, env: dict[str, str] | None = None) -> str:
@@ -103,7 +126,7 @@ def make_patch(tmp_path: Path, project: Path) -> PatchMaker:
             git(work, "commit", "-qm", "upstream")
         edit(work)
         git(work, "add", "-A")
-        git(work, "commit", "-qm", f"{subject}\n\nWhy and how.\n\n" + TRAILERS.format(subject=subject, series=series))
+        git(work, "commit", "-qm", f"{subject}\n\n" + BODY + TRAILERS.format(subject=subject, series=series))
         text = git(work, "format-patch", "--zero-commit", "--no-signature", "--full-index", "-1", "--stdout")
         name = f"{series}/{re.sub(r'[^a-z0-9]+', '-', subject.lower()).strip('-')}.patch"
         path = project / "patches" / name

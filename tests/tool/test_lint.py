@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from tests.tool.conftest import BODY, FORWARDED
 from tests.tool.test_apply import change_line_20
 from vllm_overlay import cli, lint
 
@@ -21,7 +22,7 @@ def test_good_series_is_clean(project, make_patch, upstream_dir):
 
 def test_missing_headers_and_test_files(project, make_patch, upstream_dir):
     path = make_patch(upstream_dir, change_line_20, "core: change line 20")
-    text = path.read_text().replace("Forwarded: no\n", "").replace("Targets: vllm.core:value\n", "")
+    text = path.read_text().replace(FORWARDED + "\n", "").replace("Targets: vllm.core:value\n", "")
     path.write_text(text)
     (project / "tests" / "patches" / "demo" / "test_demo.py").unlink()
     found = "\n".join(problems(project))
@@ -129,3 +130,104 @@ def test_a_dot_component_is_named_not_left_to_fail_as_a_conflict(project, make_p
     assert any("'.' or empty component 'vllm/./core.py' (write it as 'vllm/core.py')" in p for p in problems(project))
     code = cli.main(["apply-patches", "--project", str(project), "--upstream", str(upstream_dir)])
     assert code == 2 and "write it as 'vllm/core.py'" in capsys.readouterr().err
+
+
+def _with_body(path, body):
+    path.write_text(path.read_text().replace(BODY, body, 1))
+
+
+def _heading_problems(project):
+    return [p for p in problems(project) if "heading" in p]
+
+
+def test_the_five_headings_pass(project, make_patch, upstream_dir):
+    """The fixture's body is the good form: five headings alone on their lines, each with text."""
+    path = make_patch(upstream_dir, change_line_20, "core: change line 20")
+    assert "\nWhy\n\nWhy and how.\n\nHow\n" in path.read_text()
+    assert problems(project) == []
+    # Several paragraphs under a heading are fine, and git does not take a heading for a trailer.
+    _with_body(path, BODY.replace("The change.\n", "The change.\n\nA second paragraph.\n"))
+    assert problems(project) == []
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        ("Configurations covered\n\nEvery configuration.\n\n", "", "lacks the heading 'Configurations covered'"),
+        ("\nTests\n", "\nTests:\n", "lacks the heading 'Tests' (each alone on its line"),
+        ("\nTests\n", "\n## Tests\n", "write '## Tests' as 'Tests'"),
+        ("How\n\nThe change.", "How\nThe change.", "lacks the heading 'How' (each alone on its line"),
+        ("Not forwarded.\n", "Not forwarded.\n\nHow\n\nAgain.\n", "has the heading 'How' 2 times"),
+        ("The demo test.\n\n", "", "the heading 'Tests' has no text under it"),
+        ("\nUpstream status\n\nNot forwarded.\n", "\nUpstream status\n", "'Upstream status' has no text under it"),
+        (
+            "Why\n\nWhy and how.\n\nHow\n\nThe change.",
+            "How\n\nThe change.\n\nWhy\n\nWhy and how.",
+            "out of order: How, Why",
+        ),
+        ("Why\n\n", "A lead paragraph.\n\nWhy\n\n", "text before its first heading 'Why'"),
+    ],
+)
+def test_a_message_without_the_five_headings_is_reported(project, make_patch, upstream_dir, old, new, expected):
+    path = make_patch(upstream_dir, change_line_20, "core: change line 20")
+    assert old in BODY
+    _with_body(path, BODY.replace(old, new, 1))
+    found = _heading_problems(project)
+    assert any(expected in p for p in found), found
+    assert all(p.startswith("patches/demo/core-change-line-20.patch: ") for p in found)
+
+
+def test_an_old_style_message_is_reported_once_per_heading(project, make_patch, upstream_dir):
+    path = make_patch(upstream_dir, change_line_20, "core: change line 20")
+    _with_body(path, "Why and how.\n\n")
+    assert _heading_problems(project) == [
+        f"patches/demo/core-change-line-20.patch: the message lacks the heading {heading!r} (each alone on its line "
+        "between blank lines, in the order Why, How, Configurations covered, Tests, Upstream status)"
+        for heading in ("Why", "How", "Configurations covered", "Tests", "Upstream status")
+    ]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "no (reason: not filed yet; drop when: upstream checks the width)",
+        "not-needed (reason: only this project's CI uses it; drop when: the CI job goes)",
+        "https://github.com/vllm-project/vllm/issues/1",
+        "no (reason: a (nested) reason; drop when: upstream's f(x) returns y)",
+    ],
+)
+def test_forwarded_with_a_url_or_a_reason_and_a_drop_condition_passes(project, make_patch, upstream_dir, value):
+    path = make_patch(upstream_dir, change_line_20, "core: change line 20")
+    path.write_text(path.read_text().replace(FORWARDED, f"Forwarded: {value}"))
+    assert problems(project) == []
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "no",
+        "not-needed",
+        "yes",
+        "no (reason: not filed yet)",
+        "no (drop when: upstream checks the width)",
+        "no (reason: ; drop when: upstream checks the width)",
+        "no (reason: not filed yet; drop when: )",
+        "no, not filed yet; drop when upstream checks the width",
+        "github.com/vllm-project/vllm/issues/1",
+    ],
+)
+def test_forwarded_without_a_url_or_a_reason_and_a_drop_condition_is_reported(project, make_patch, upstream_dir, value):
+    path = make_patch(upstream_dir, change_line_20, "core: change line 20")
+    path.write_text(path.read_text().replace(FORWARDED, f"Forwarded: {value}"))
+    assert problems(project) == [
+        f"patches/demo/core-change-line-20.patch: Forwarded: {value!r} is neither the upstream issue's or PR's URL "
+        "nor 'no (reason: WHY; drop when: CONDITION)'"
+    ]
+
+
+def test_a_folded_forwarded_value_is_read_as_git_unfolds_it(project, make_patch, upstream_dir):
+    path = make_patch(upstream_dir, change_line_20, "core: change line 20")
+    path.write_text(
+        path.read_text().replace(FORWARDED, "Forwarded: no (reason: not filed\n yet; drop when: upstream\n checks it)")
+    )
+    assert problems(project) == []

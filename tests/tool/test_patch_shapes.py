@@ -84,7 +84,7 @@ def test_a_message_git_am_reads_otherwise_is_refused_at_apply(
     line, why, project, make_patch, upstream_dir, store_env, capsys
 ):
     path = make_patch(upstream_dir, change_line_20, "core: change line 20")
-    _edit_message(path, "\nWhy and how.\n", f"\n{line}\nWhy and how.\n")
+    _edit_message(path, "\nWhy\n\nWhy and how.\n", f"\n{line}\nWhy\n\nWhy and how.\n")
     capsys.readouterr()
     code = cli.main(["apply-patches", "--project", str(project), "--upstream", str(upstream_dir)])
     assert code == 2
@@ -102,7 +102,7 @@ def test_a_commit_message_git_am_would_read_otherwise_is_not_exported(
     make_patch(upstream_dir, change_line_20, "core: change line 20")
     assert run_apply(project, upstream_dir)[0] == 0
     repo = git.Repo(project / "build" / "patched")
-    message = repo.head.commit.message.replace("\nWhy and how.\n", f"\n{line}\nWhy and how.\n", 1)
+    message = repo.head.commit.message.replace("\nWhy\n\nWhy and how.\n", f"\n{line}\nWhy\n\nWhy and how.\n", 1)
     with repo.git.custom_environment(**IDENTITY):
         repo.git.commit("--amend", "-q", "-m", message)
     before = snapshot(project / "patches")

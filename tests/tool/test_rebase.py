@@ -8,7 +8,7 @@ import json
 import git
 import pytest
 
-from tests.tool.conftest import REPO_ROOT, replace_line, write_upstream
+from tests.tool.conftest import FORWARDED, REPO_ROOT, replace_line, write_upstream
 from tests.tool.test_apply import change_line_20
 from vllm_overlay import bump, cli, lock, series, upstream_trees
 from vllm_overlay.audit import targets
@@ -78,7 +78,7 @@ def test_audit_rows_for_each_decision(project, make_patch, tmp_path, store_env, 
     assert "applied cleanly, target changed: vllm.engine:Engine.step" in rows["drift.patch"]["reason"]
     assert rows["landed.patch"]["decision"] == "drop" and rows["landed.patch"]["status"] == "already-upstream"
     assert rows["clash.patch"]["decision"] == "resolve" and rows["clash.patch"]["status"] == "conflict"
-    assert rows["keep-me.patch"]["forwarded"] == "no"
+    assert rows["keep-me.patch"]["forwarded"] == FORWARDED.removeprefix("Forwarded: ")
     range_diff = (tmp_path / "rd.txt").read_text()
     assert "keep me" in range_diff and "clash" in range_diff
     assert "| drift.patch" in capsys.readouterr().out.replace("demo/", "| ").replace("| | ", "| ")
