@@ -9,7 +9,7 @@ from pathlib import Path
 import git
 import pytest
 
-from tests.tool.conftest import replace_line, write_upstream
+from tests.tool.helpers import replace_line, write_upstream
 from vllm_overlay import apply, cli
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import git as gitpython
 
-from tests.tool.conftest import git, replace_line, write_upstream
+from tests.tool.helpers import git, replace_line, write_upstream
 from tests.tool.test_apply import change_line_20, run_apply, statuses
 from vllm_overlay import series
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import git
 import pytest
 
-from tests.tool.conftest import REPO_ROOT, replace_line
+from tests.tool.helpers import REPO_ROOT, replace_line
 from tests.tool.test_apply import change_line_20, run_apply
 from vllm_overlay import cli, faults, staging
 

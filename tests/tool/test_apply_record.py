@@ -15,7 +15,7 @@ from pathlib import Path
 
 import git
 
-from tests.tool.conftest import IDENTITY, replace_line
+from tests.tool.helpers import IDENTITY, replace_line
 from vllm_overlay import apply_record, cli, linkcopy
 
 

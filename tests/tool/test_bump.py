@@ -11,7 +11,7 @@ import subprocess
 import git
 import pytest
 
-from tests.tool.conftest import REPO_ROOT, replace_line, write_upstream
+from tests.tool.helpers import REPO_ROOT, replace_line, write_upstream
 from tests.tool.test_apply import change_line_20
 from tests.tool.test_apply_faults import Forked, alive, wait_for
 from vllm_overlay import bump, cli, lock, series, upstream_trees

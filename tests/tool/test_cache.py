@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tool.conftest import REPO_ROOT
+from tests.tool.helpers import REPO_ROOT
 from vllm_overlay import cache, cli, lock
 from vllm_overlay.store import Store
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.tool.conftest import REPO_ROOT
+from tests.tool.helpers import REPO_ROOT
 from vllm_overlay import cli, testenv
 from vllm_overlay.commands import patch_tests
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tool.conftest import REPO_ROOT
+from tests.tool.helpers import REPO_ROOT
 from vllm_overlay import carry, cpu_runtime, lock, series
 from vllm_overlay.e2e import layout
 

@@ -114,7 +114,7 @@ def test_stop_group_ends_the_leader_and_its_children():
 def _verdict_project(tmp_path: Path) -> tuple[Path, Path]:
     import shutil
 
-    from tests.tool.conftest import REPO_ROOT
+    from tests.tool.helpers import REPO_ROOT
 
     root = tmp_path / "project"
     for folder in ("cpu", "overlay", "vllm_overlay"):

@@ -55,7 +55,7 @@ def test_next_run_removes_a_killed_download_and_import(project, upstream_dir, st
 
 def test_lock_and_junit_report_follow_the_umask(tmp_path, umask_022):
     """upstream.lock (bump rewrites it) and the JUnit report are read by others: not 0600."""
-    from tests.tool.conftest import REPO_ROOT
+    from tests.tool.helpers import REPO_ROOT
     from vllm_overlay import junit
 
     path = tmp_path / "upstream.lock"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import git
 
-from tests.tool.conftest import write_upstream
+from tests.tool.helpers import write_upstream
 from tests.tool.test_apply import run_apply
 
 HOSTILE = """[core]

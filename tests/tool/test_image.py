@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tool.conftest import REPO_ROOT, replace_line, write_upstream
+from tests.tool.helpers import REPO_ROOT, replace_line, write_upstream
 from tests.tool.test_apply import run_apply
 from vllm_overlay import apply, cli, lock, series, upstream_trees
 from vllm_overlay.image import build_context
@@ -327,7 +327,7 @@ def test_export_brings_the_dockerfile_in_line(image_project, make_patch, upstrea
     """An edited patch changes the series sha256, manifest and SBOM: export-patches rewrites the defaults."""
     import git
 
-    from tests.tool.conftest import IDENTITY
+    from tests.tool.helpers import IDENTITY
 
     two_series(make_patch, upstream_dir)
     assert run_apply(image_project, upstream_dir)[0] == 0

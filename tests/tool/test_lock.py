@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.tool.conftest import REPO_ROOT
+from tests.tool.helpers import REPO_ROOT
 from vllm_overlay import lock
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tests.tool.conftest import replace_line, write_upstream
+from tests.tool.helpers import replace_line, write_upstream
 from tests.tool.test_rebase import retarget
 from vllm_overlay import cli
 from vllm_overlay.audit import review, session

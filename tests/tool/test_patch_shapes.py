@@ -11,8 +11,8 @@ from pathlib import Path
 import git
 import pytest
 
-from tests.tool.conftest import IDENTITY, TRAILERS, write_upstream
-from tests.tool.conftest import git as git_
+from tests.tool.helpers import IDENTITY, TRAILERS, write_upstream
+from tests.tool.helpers import git as git_
 from tests.tool.test_apply import change_line_20, run_apply
 from tests.tool.test_export import snapshot
 from vllm_overlay import cli, paths, series

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tool.conftest import write_upstream
+from tests.tool.helpers import write_upstream
 from tests.tool.test_image import apply_no_patches, do_stage, image_project, upstream_dir  # noqa: F401 (fixtures)
 from vllm_overlay import cache, cli, lock
 from vllm_overlay.image import build_context

@@ -8,7 +8,7 @@ import json
 import git
 import pytest
 
-from tests.tool.conftest import FORWARDED, REPO_ROOT, replace_line, write_upstream
+from tests.tool.helpers import FORWARDED, REPO_ROOT, replace_line, write_upstream
 from tests.tool.test_apply import change_line_20
 from vllm_overlay import bump, cli, lock, series, upstream_trees
 from vllm_overlay.audit import targets

@@ -13,7 +13,7 @@ from pathlib import Path
 import git
 import pytest
 
-from tests.tool.conftest import git as run_git
+from tests.tool.helpers import git as run_git
 from vllm_overlay import carry, recarry
 
 NAME = "demo/change-a.patch"
@@ -110,7 +110,7 @@ def test_a_changed_patch_or_other_files_before_it_need_a_person(tmp_path, earlie
 
 
 def test_carried_from_records_the_series_and_each_patch_file(tmp_path):
-    from tests.tool.conftest import REPO_ROOT
+    from tests.tool.helpers import REPO_ROOT
 
     root = tmp_path / "project"
     (root / "cpu").mkdir(parents=True)
@@ -125,7 +125,7 @@ def test_carried_from_records_the_series_and_each_patch_file(tmp_path):
 
 def test_the_committed_carry_is_of_todays_patches():
     """cpu/carried-from names today's patches/ file by file: re-carry when this fails (scripts/carry-cpu)."""
-    from tests.tool.conftest import REPO_ROOT
+    from tests.tool.helpers import REPO_ROOT
 
     assert recarry.recorded_digests(REPO_ROOT) == recarry.file_digests(REPO_ROOT / "patches")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 
-from tests.tool.conftest import REPO_ROOT
+from tests.tool.helpers import REPO_ROOT
 from vllm_overlay import lock, series
 from vllm_overlay.image import sbom
 

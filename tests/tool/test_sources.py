@@ -12,7 +12,7 @@ from pathlib import Path
 import git
 import pytest
 
-from tests.tool.conftest import REPO_ROOT, write_upstream
+from tests.tool.helpers import REPO_ROOT, write_upstream
 from vllm_overlay import lock, upstream_trees
 from vllm_overlay.store import Store
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tool.conftest import PatchMaker, replace_line, write_upstream
+from tests.tool.helpers import PatchMaker, replace_line, write_upstream
 from vllm_overlay import cli, junit, record, testenv, testrun
 from vllm_overlay.junit import Case
 from vllm_overlay.testrun.verdict_store import test_inputs as inputs_of
