@@ -5,12 +5,20 @@ Imported by the tests and by conftest.py's fixtures; nothing here imports vLLM.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import signal
 import subprocess
+import sys
+import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from vllm_overlay import cli, record
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 IDENTITY = {
     "GIT_AUTHOR_NAME": "test",
@@ -21,12 +29,10 @@ IDENTITY = {
     "GIT_COMMITTER_DATE": "2026-11-29T00:00:00+0000",
 }
 
-
 # vLLM's two SPDX lines, which every file under tests/patches/ carries (lint-patches checks them).
 SPDX_HEADER = (
     "# SPDX-License-Identifier: Apache-2.0\n# SPDX-FileCopyrightText: Copyright contributors to the vLLM project\n"
 )
-
 
 # The message body lint-patches asks for: five headings, each with its text.
 BODY = """Why
@@ -51,7 +57,6 @@ Not forwarded.
 
 """
 
-
 TRAILERS = """Description: {subject}
 Origin: vendor
 Forwarded: no (reason: a test patch; drop when: the test ends)
@@ -62,8 +67,14 @@ Upstream-Tests: tests/test_demo_upstream.py
 Targets: vllm.core:value
 """
 
-
 FORWARDED = next(line for line in TRAILERS.splitlines() if line.startswith("Forwarded:"))
+
+
+UPSTREAM_FILES = {
+    "vllm/__init__.py": b"",
+    "vllm/core.py": b"value = 1\n",
+    "vllm/utils/math.py": b"def cdiv(a, b):\n    return -(-a // b)\n",
+}
 
 
 def git(cwd: Path, *args: str, env: dict[str, str] | None = None) -> str:
@@ -95,3 +106,129 @@ def replace_line(path: Path, old: str, new: str) -> None:
     text = path.read_text()
     assert old in text, f"{old!r} not in {path}"
     path.write_text(text.replace(old, new, 1))
+
+
+def retarget(path, target):
+    path.write_text(path.read_text().replace("Targets: vllm.core:value", f"Targets: {target}"))
+
+
+class Forked:
+    """``cli.main(argv)`` in a forked child: a real process to kill or signal, without an interpreter's start-up."""
+
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
+        read, write = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:  # the child: never returns into pytest
+            code = 1
+            try:
+                # Ctrl-C as a terminal delivers it: a run started in the background by a shell without
+                # job control (`cmd &` in a script) inherits SIGINT ignored, and Python then keeps it so.
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+                os.dup2(write, 2)
+                sys.stderr = open(2, "w", buffering=1, closefd=False)
+                sys.stdout = open(os.devnull, "w")
+                os.environ.update(env or {})
+                code = cli.main(argv)
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        os.close(write)
+        self.stderr = os.fdopen(read, "r")
+
+    def wait(self) -> tuple[int, str]:
+        """Exit code (negative: killed by that signal) and everything it wrote to stderr."""
+        err = self.stderr.read()
+        return os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1]), err
+
+    def running(self) -> bool:
+        return os.waitpid(self.pid, os.WNOHANG)[0] == 0
+
+
+def wait_for(path: Path, process: Forked) -> int:
+    deadline = time.monotonic() + 60
+    while not path.exists() or not path.read_text().strip():
+        assert process.running(), "the run ended before it reached git am"
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    return int(path.read_text())
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return not stat[stat.rindex(")") + 2 :].startswith("Z")
+
+
+def change_line_20(tree: Path) -> None:
+    replace_line(tree / "vllm" / "core.py", "line_20 = 20\n", "line_20 = 200\n")
+
+
+def run_apply(project: Path, upstream: Path, *extra: str, base: Path | None = None) -> tuple[int, dict]:
+    """apply-patches onto ``upstream``; ``base`` is the tree the patches were made on (default: the same)."""
+    report = project / "report.json"
+    code = cli.main(
+        [
+            "apply-patches",
+            "--project",
+            str(project),
+            "--upstream",
+            str(upstream),
+            "--base-upstream",
+            str(base or upstream),
+            "--json",
+            str(report),
+            *extra,
+        ]
+    )
+    return code, json.loads(report.read_text())
+
+
+def statuses(report: dict) -> list[str]:
+    return [p["status"] for p in report["patches"]]
+
+
+def make_installed(root: Path) -> Path:
+    pkg = root / "vllm"
+    (pkg / "sub" / "deep").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("A = 'installed'\n")
+    (pkg / "gone.py").write_text("G = 1\n")
+    (pkg / "lib.so").write_bytes(b"\0binary")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "b.py").write_text("B = 'installed'\n")
+    (pkg / "sub" / "c.py").write_text("C = 'installed'\n")
+    (pkg / "sub" / "deep" / "__init__.py").write_text("")
+    for directory in (pkg, pkg / "sub"):
+        (directory / "__pycache__").mkdir()
+        for module in ("a", "b", "c", "gone", "__init__"):
+            (directory / "__pycache__" / f"{module}.cpython-311.pyc").write_bytes(b"pyc")
+    return pkg
+
+
+def snapshot(patches_dir):
+    return {
+        p.relative_to(patches_dir).as_posix(): p.read_bytes() for p in sorted(patches_dir.rglob("*")) if p.is_file()
+    }
+
+
+def make_site(root: Path, version: str = "0.33.0") -> Path:
+    """A site-packages with a vllm 'wheel install': files plus a dist-info whose RECORD lists them."""
+    rows = []
+    for rel, data in UPSTREAM_FILES.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+        rows.append(f"{rel},{record.record_hash(sha(data))},{len(data)}")
+    dist = root / f"vllm-{version}.dist-info"
+    dist.mkdir()
+    metadata = f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n".encode()
+    (dist / "METADATA").write_bytes(metadata)
+    rows += [f"{dist.name}/METADATA,{record.record_hash(sha(metadata))},{len(metadata)}", f"{dist.name}/RECORD,,"]
+    (dist / "RECORD").write_text("\n".join(rows) + "\n")
+    return root
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()

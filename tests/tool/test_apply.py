@@ -2,43 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
 import git
 import pytest
 
-from tests.tool.helpers import replace_line, write_upstream
+from tests.tool.helpers import change_line_20, replace_line, run_apply, statuses, write_upstream
 from vllm_overlay import apply, cli
-
-
-def change_line_20(tree: Path) -> None:
-    replace_line(tree / "vllm" / "core.py", "line_20 = 20\n", "line_20 = 200\n")
-
-
-def run_apply(project: Path, upstream: Path, *extra: str, base: Path | None = None) -> tuple[int, dict]:
-    """apply-patches onto ``upstream``; ``base`` is the tree the patches were made on (default: the same)."""
-    report = project / "report.json"
-    code = cli.main(
-        [
-            "apply-patches",
-            "--project",
-            str(project),
-            "--upstream",
-            str(upstream),
-            "--base-upstream",
-            str(base or upstream),
-            "--json",
-            str(report),
-            *extra,
-        ]
-    )
-    return code, json.loads(report.read_text())
-
-
-def statuses(report: dict) -> list[str]:
-    return [p["status"] for p in report["patches"]]
 
 
 def variant(tmp_path: Path, name: str, edit) -> Path:

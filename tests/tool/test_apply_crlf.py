@@ -7,8 +7,7 @@ from pathlib import Path
 
 import git as gitpython
 
-from tests.tool.helpers import git, replace_line, write_upstream
-from tests.tool.test_apply import change_line_20, run_apply, statuses
+from tests.tool.helpers import change_line_20, git, replace_line, run_apply, statuses, write_upstream
 from vllm_overlay import series
 
 

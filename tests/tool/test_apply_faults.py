@@ -12,14 +12,12 @@ import signal
 import subprocess
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import git
 import pytest
 
-from tests.tool.helpers import REPO_ROOT, replace_line
-from tests.tool.test_apply import change_line_20, run_apply
+from tests.tool.helpers import REPO_ROOT, Forked, alive, change_line_20, replace_line, run_apply, wait_for
 from vllm_overlay import cli, faults, staging
 
 STOP_AT_AM = """#!/bin/sh
@@ -32,39 +30,6 @@ def cli_process(project: Path, upstream: Path, *extra: str, env: dict[str, str] 
     argv = [sys.executable, "-m", "vllm_overlay.cli", "apply-patches", "--project", str(project)]
     argv += ["--upstream", str(upstream), "--base-upstream", str(upstream), *extra]
     return subprocess.Popen(argv, cwd=REPO_ROOT, env=dict(os.environ, **(env or {})), stderr=subprocess.PIPE, text=True)
-
-
-class Forked:
-    """``cli.main(argv)`` in a forked child: a real process to kill or signal, without an interpreter's start-up."""
-
-    def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
-        read, write = os.pipe()
-        self.pid = os.fork()
-        if self.pid == 0:  # the child: never returns into pytest
-            code = 1
-            try:
-                # Ctrl-C as a terminal delivers it: a run started in the background by a shell without
-                # job control (`cmd &` in a script) inherits SIGINT ignored, and Python then keeps it so.
-                signal.signal(signal.SIGINT, signal.default_int_handler)
-                os.dup2(write, 2)
-                sys.stderr = open(2, "w", buffering=1, closefd=False)
-                sys.stdout = open(os.devnull, "w")
-                os.environ.update(env or {})
-                code = cli.main(argv)
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                os._exit(code)
-        os.close(write)
-        self.stderr = os.fdopen(read, "r")
-
-    def wait(self) -> tuple[int, str]:
-        """Exit code (negative: killed by that signal) and everything it wrote to stderr."""
-        err = self.stderr.read()
-        return os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1]), err
-
-    def running(self) -> bool:
-        return os.waitpid(self.pid, os.WNOHANG)[0] == 0
 
 
 def apply_argv(project: Path, upstream: Path) -> list[str]:
@@ -104,23 +69,6 @@ def stop_at_am(tmp_path) -> tuple[dict[str, str], Path]:
     )
     wrapper.chmod(0o755)
     return {"PATH": f"{bin_dir}:{os.environ['PATH']}", "GIT_PYTHON_GIT_EXECUTABLE": str(wrapper)}, marker
-
-
-def wait_for(path: Path, process: Forked) -> int:
-    deadline = time.monotonic() + 60
-    while not path.exists() or not path.read_text().strip():
-        assert process.running(), "the run ended before it reached git am"
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    return int(path.read_text())
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return not stat[stat.rindex(")") + 2 :].startswith("Z")
 
 
 @pytest.mark.parametrize("phase", ["checked-out", "committed", "publish", "published"])

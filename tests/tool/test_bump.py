@@ -11,9 +11,7 @@ import subprocess
 import git
 import pytest
 
-from tests.tool.helpers import REPO_ROOT, replace_line, write_upstream
-from tests.tool.test_apply import change_line_20
-from tests.tool.test_apply_faults import Forked, alive, wait_for
+from tests.tool.helpers import REPO_ROOT, Forked, alive, change_line_20, replace_line, wait_for, write_upstream
 from vllm_overlay import bump, cli, lock, series, upstream_trees
 from vllm_overlay.commands import bump as bump_command
 from vllm_overlay.store import Store

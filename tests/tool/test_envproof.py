@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tool.test_verify import make_site
+from tests.tool.helpers import make_site
 from vllm_overlay import envproof
 
 

@@ -5,15 +5,8 @@ from __future__ import annotations
 import git
 import pytest
 
-from tests.tool.helpers import IDENTITY, replace_line
-from tests.tool.test_apply import change_line_20, run_apply
+from tests.tool.helpers import IDENTITY, change_line_20, replace_line, run_apply, snapshot
 from vllm_overlay import cli
-
-
-def snapshot(patches_dir):
-    return {
-        p.relative_to(patches_dir).as_posix(): p.read_bytes() for p in sorted(patches_dir.rglob("*")) if p.is_file()
-    }
 
 
 def test_unchanged_series_exports_identical_bytes(project, make_patch, upstream_dir, store_env):
@@ -244,7 +237,7 @@ def test_export_of_an_only_tree_keeps_the_other_series_files(project, make_patch
 
 def test_sigterm_during_export_leaves_nothing_half_written(project, make_patch, upstream_dir, store_env):
     """SIGTERM arrives while patches/ is being rewritten: it waits until every file is written."""
-    from tests.tool.test_apply_faults import Forked
+    from tests.tool.helpers import Forked
     from vllm_overlay import faults
 
     make_patch(upstream_dir, change_line_20, "core: change line 20")

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tool.helpers import REPO_ROOT, replace_line, write_upstream
-from tests.tool.test_apply import run_apply
+from tests.tool.helpers import REPO_ROOT, replace_line, run_apply, write_upstream
 from vllm_overlay import apply, cli, lock, series, upstream_trees
 from vllm_overlay.image import build_context
 from vllm_overlay.project import Project

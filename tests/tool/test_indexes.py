@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tool.helpers import REPO_ROOT, write_upstream
-from tests.tool.test_apply import change_line_20
+from tests.tool.helpers import REPO_ROOT, change_line_20, write_upstream
 from vllm_overlay import cli, indexes, lock, output, upstream_trees
 from vllm_overlay.store import Store
 

@@ -6,8 +6,7 @@ import os
 
 import pytest
 
-from tests.tool.helpers import BODY, FORWARDED
-from tests.tool.test_apply import change_line_20
+from tests.tool.helpers import BODY, FORWARDED, change_line_20
 from vllm_overlay import cli, lint
 
 

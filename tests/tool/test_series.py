@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.tool.test_apply import change_line_20
+from tests.tool.helpers import change_line_20
 from vllm_overlay import series
 
 

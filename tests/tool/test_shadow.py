@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.tool.test_testrun import make_installed
+from tests.tool.helpers import make_installed
 from vllm_overlay import shadow
 
 

@@ -120,24 +120,6 @@ def test_parse_specs_drops_none() -> None:
     assert testrun.parse_specs(["tests/a.py", "-"]) == ["tests/a.py"]
 
 
-def make_installed(root: Path) -> Path:
-    pkg = root / "vllm"
-    (pkg / "sub" / "deep").mkdir(parents=True)
-    (pkg / "__init__.py").write_text("")
-    (pkg / "a.py").write_text("A = 'installed'\n")
-    (pkg / "gone.py").write_text("G = 1\n")
-    (pkg / "lib.so").write_bytes(b"\0binary")
-    (pkg / "sub" / "__init__.py").write_text("")
-    (pkg / "sub" / "b.py").write_text("B = 'installed'\n")
-    (pkg / "sub" / "c.py").write_text("C = 'installed'\n")
-    (pkg / "sub" / "deep" / "__init__.py").write_text("")
-    for directory in (pkg, pkg / "sub"):
-        (directory / "__pycache__").mkdir()
-        for module in ("a", "b", "c", "gone", "__init__"):
-            (directory / "__pycache__" / f"{module}.cpython-311.pyc").write_bytes(b"pyc")
-    return pkg
-
-
 # ---------------------------------------------------------------------------------------------
 # A whole run: fake upstream, fake installed vllm (with RECORD), real pytest processes.
 # ---------------------------------------------------------------------------------------------

@@ -11,10 +11,8 @@ from pathlib import Path
 import git
 import pytest
 
-from tests.tool.helpers import IDENTITY, TRAILERS, write_upstream
+from tests.tool.helpers import IDENTITY, TRAILERS, change_line_20, run_apply, snapshot, write_upstream
 from tests.tool.helpers import git as git_
-from tests.tool.test_apply import change_line_20, run_apply
-from tests.tool.test_export import snapshot
 from vllm_overlay import cli, paths, series
 
 RENAME_PATCH = """From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001

@@ -8,8 +8,7 @@ import json
 import git
 import pytest
 
-from tests.tool.helpers import FORWARDED, REPO_ROOT, replace_line, write_upstream
-from tests.tool.test_apply import change_line_20
+from tests.tool.helpers import FORWARDED, REPO_ROOT, change_line_20, replace_line, retarget, write_upstream
 from vllm_overlay import bump, cli, lock, series, upstream_trees
 from vllm_overlay.audit import targets
 from vllm_overlay.store import Store
@@ -37,10 +36,6 @@ def test_target_drift_is_by_ast_not_by_text():
 def with_engine(tree, body=MODULE_V1):
     (tree / "vllm" / "engine.py").write_text(body)
     return tree
-
-
-def retarget(path, target):
-    path.write_text(path.read_text().replace("Targets: vllm.core:value", f"Targets: {target}"))
 
 
 def test_audit_rows_for_each_decision(project, make_patch, tmp_path, store_env, capsys):

@@ -7,8 +7,7 @@ from pathlib import Path
 import git
 import pytest
 
-from tests.tool.helpers import IDENTITY
-from tests.tool.test_apply import change_line_20, run_apply
+from tests.tool.helpers import IDENTITY, change_line_20, run_apply
 from vllm_overlay import cli, lint
 
 

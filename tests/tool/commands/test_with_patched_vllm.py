@@ -5,8 +5,7 @@ from __future__ import annotations
 import git
 import pytest
 
-from tests.tool.helpers import IDENTITY
-from tests.tool.test_apply import change_line_20, run_apply
+from tests.tool.helpers import IDENTITY, change_line_20, run_apply
 from vllm_overlay.commands.with_patched_vllm import changed_package_files, upstream_base
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import py_compile
 import shutil
@@ -12,36 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.tool.helpers import REPO_ROOT
-from vllm_overlay import cli, record
+from tests.tool.helpers import REPO_ROOT, make_site, sha
+from vllm_overlay import cli
 from vllm_overlay.image import verify
 
 OVERLAY = REPO_ROOT / "overlay"
-UPSTREAM_FILES = {
-    "vllm/__init__.py": b"",
-    "vllm/core.py": b"value = 1\n",
-    "vllm/utils/math.py": b"def cdiv(a, b):\n    return -(-a // b)\n",
-}
-
-
-def sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def make_site(root: Path, version: str = "0.33.0") -> Path:
-    """A site-packages with a vllm 'wheel install': files plus a dist-info whose RECORD lists them."""
-    rows = []
-    for rel, data in UPSTREAM_FILES.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_bytes(data)
-        rows.append(f"{rel},{record.record_hash(sha(data))},{len(data)}")
-    dist = root / f"vllm-{version}.dist-info"
-    dist.mkdir()
-    metadata = f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n".encode()
-    (dist / "METADATA").write_bytes(metadata)
-    rows += [f"{dist.name}/METADATA,{record.record_hash(sha(metadata))},{len(metadata)}", f"{dist.name}/RECORD,,"]
-    (dist / "RECORD").write_text("\n".join(rows) + "\n")
-    return root
 
 
 def manifest_for(files: dict[str, bytes]) -> dict:

@@ -7,7 +7,7 @@ import zipfile
 
 import pytest
 
-from tests.tool.test_apply import change_line_20
+from tests.tool.helpers import change_line_20
 from vllm_overlay import apply, lint, upstream_trees
 from vllm_overlay.audit import decisions, dependencies, targets
 from vllm_overlay.series import load_series

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tests.tool.helpers import replace_line, write_upstream
-from tests.tool.test_rebase import retarget
+from tests.tool.helpers import replace_line, retarget, write_upstream
 from vllm_overlay import cli
 from vllm_overlay.audit import review, session
 

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import git
 
-from tests.tool.helpers import write_upstream
-from tests.tool.test_apply import run_apply
+from tests.tool.helpers import run_apply, write_upstream
 
 HOSTILE = """[core]
 \tautocrlf = true

@@ -10,7 +10,7 @@ from pathlib import Path
 import git
 import pytest
 
-from tests.tool.test_apply import change_line_20, run_apply
+from tests.tool.helpers import change_line_20, run_apply
 from vllm_overlay import cli
 
 TMPFS = Path("/dev/shm")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tool.test_apply import change_line_20, run_apply
+from tests.tool.helpers import change_line_20, run_apply
 from vllm_overlay import lock, upstream_trees
 from vllm_overlay.store import Store
 
