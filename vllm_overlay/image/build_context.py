@@ -389,13 +389,7 @@ def stage(
         raise ImageError(f"{template_path}: not found")
     upstream_commit, paired = read_patched_repo(tree, patches, lock)
     epoch = source_date_epoch(patches) if epoch is None else epoch
-    try:  # replaced whole below: only a context an earlier stage wrote, never the user's directory
-        staging.check_tool_directory(dest, CONTEXT_NAMES)
-    except staging.OutputNotOurs as exc:
-        raise ImageError(str(exc)) from None
-    work = dest.parent / f".{dest.name}.staging-{os.getpid()}"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
+    work = _work_dir(dest)
     try:
         layers, unshipped = _layers(tree, upstream_commit, paired, work / "layers")
         manifest, manifest_text, sbom_text = _stage_overlay(
@@ -427,6 +421,18 @@ def stage(
         shutil.rmtree(work, ignore_errors=True)
         raise
     return BuildContext(dest, layers, manifest, build_args, image_labels, unshipped, epoch, block, root_defaults)
+
+
+def _work_dir(dest: Path) -> Path:
+    """An empty directory beside ``dest`` to stage into (``dest`` must be a context an earlier stage wrote)."""
+    try:  # replaced whole: only a context an earlier stage wrote, never the user's directory
+        staging.check_tool_directory(dest, CONTEXT_NAMES)
+    except staging.OutputNotOurs as exc:
+        raise ImageError(str(exc)) from None
+    work = dest.parent / f".{dest.name}.staging-{os.getpid()}"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    return work
 
 
 def _stage_overlay(
