@@ -88,8 +88,8 @@ def main() -> int:
     carry_lock = lock.load(proj.lock_file)
     pristine = cpu_runtime.ensure(runtime_lock, store)
     carry.build_tree(proj, carry_lock, store)
-    staging = carry.stage(proj, carry_lock, runtime_lock, proj.patched_tree, proj.build / "image")
-    patched = layout.lay_out(pristine, runtime_lock.project, staging, proj.build / "runtime")
+    context = carry.stage(proj, carry_lock, runtime_lock, proj.patched_tree, proj.build / "image")
+    patched = layout.lay_out(pristine, runtime_lock.project, context, proj.build / "runtime")
     out = proj.build / "bench"
     out.mkdir(parents=True, exist_ok=True)
     model = suite.make_model(pristine.python, ROOT, proj.build / "e2e" / "model")

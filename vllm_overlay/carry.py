@@ -19,7 +19,7 @@ from pathlib import Path
 
 from vllm_overlay import apply, lock, series, upstream_trees
 from vllm_overlay.cpu_runtime import RuntimeLock
-from vllm_overlay.image import build_context
+from vllm_overlay.image import build_context, labels
 from vllm_overlay.project import Project
 from vllm_overlay.store import Store
 
@@ -55,8 +55,8 @@ class CarryProject(Project):
 
 
 def series_digest(patches_dir: Path) -> str:
-    """The series' sha256 as the image's manifest and labels state it (``build_context.series_sha256``)."""
-    return build_context.series_sha256(series.load_series(patches_dir))
+    """The series' sha256 as the image's manifest and labels state it (``labels.series_sha256``)."""
+    return labels.series_sha256(series.load_series(patches_dir))
 
 
 def recorded_source(proj: CarryProject) -> str:
@@ -117,7 +117,7 @@ def build_tree(proj: CarryProject, the_lock: lock.Lock, store: Store, dest: Path
 
 def stage(
     proj: CarryProject, the_lock: lock.Lock, runtime: RuntimeLock, tree: Path, dest: Path
-) -> build_context.Staging:
+) -> build_context.BuildContext:
     """The image's build context for the carried series: one layer per series, overlay, manifest."""
     patches = series.load_series(proj.patches, allow_empty=False)
     problems = runtime_only_problems(patches, runtime)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import shutil
@@ -11,7 +12,7 @@ import pytest
 
 from tests.tool.helpers import REPO_ROOT, replace_line, run_apply, write_upstream
 from vllm_overlay import apply, cli, lock, series, upstream_trees
-from vllm_overlay.image import build_context
+from vllm_overlay.image import build_context, dockerfile
 from vllm_overlay.project import Project
 from vllm_overlay.store import Store
 
@@ -67,7 +68,7 @@ def two_series(make_patch, upstream_dir):
     )
 
 
-def do_stage(project: Path, epoch: int = 1_700_000_000) -> build_context.Staging:
+def do_stage(project: Path, epoch: int = 1_700_000_000) -> build_context.BuildContext:
     proj = Project(project)
     return build_context.stage(proj, lock.load(proj.lock_file), series.load_series(proj.patches), epoch=epoch)
 
@@ -85,8 +86,8 @@ def tree_digest(root: Path) -> str:
 def test_one_layer_per_series_with_only_its_files(image_project, make_patch, upstream_dir, store_env):
     two_series(make_patch, upstream_dir)
     assert run_apply(image_project, upstream_dir)[0] == 0
-    staging = do_stage(image_project)
-    layers = staging.root / "layers"
+    context = do_stage(image_project)
+    layers = context.root / "layers"
     assert sorted(p.name for p in layers.iterdir()) == ["01-alpha", "02-beta"]
     files = {p.relative_to(layers).as_posix() for p in layers.rglob("*") if p.is_file()}
     assert files == {"01-alpha/vllm/core.py", "01-alpha/vllm/added.py", "02-beta/vllm/core.py"}
@@ -95,7 +96,7 @@ def test_one_layer_per_series_with_only_its_files(image_project, make_patch, ups
     assert "line_9 = 9\n" in (layers / "01-alpha/vllm/core.py").read_text()
     assert "line_9 = 90\n" in (layers / "02-beta/vllm/core.py").read_text()
     final = (layers / "02-beta/vllm/core.py").read_bytes()
-    manifest = json.loads((staging.root / "overlay/vllm_overlay_status/manifest.json").read_text())
+    manifest = json.loads((context.root / "overlay/vllm_overlay_status/manifest.json").read_text())
     assert manifest["files"] == {
         "vllm/added.py": hashlib.sha256(b"ADDED = 1\n").hexdigest(),
         "vllm/core.py": hashlib.sha256(final).hexdigest(),
@@ -108,26 +109,26 @@ def test_one_layer_per_series_with_only_its_files(image_project, make_patch, ups
         "vllm/added.py": "added",
     }
     assert manifest["unshipped"] == [{"path": "docs.md", "patches": ["alpha/a2.patch"]}]
-    assert (staging.root / "overlay/vllm_overlay_status/_record.py").read_bytes() == (
+    assert (context.root / "overlay/vllm_overlay_status/_record.py").read_bytes() == (
         REPO_ROOT / "vllm_overlay/record.py"
     ).read_bytes()
-    record = (staging.root / "overlay/vllm_overlay_status-0.1.0.dist-info/RECORD").read_text()
+    record = (context.root / "overlay/vllm_overlay_status-0.1.0.dist-info/RECORD").read_text()
     assert "vllm_overlay_status/manifest.json,sha256=" in record
 
 
 def test_dockerfile_block_args_and_labels(image_project, make_patch, upstream_dir, store_env):
     two_series(make_patch, upstream_dir)
     assert run_apply(image_project, upstream_dir)[0] == 0
-    staging = do_stage(image_project)
-    text = staging.dockerfile.read_text()
+    context = do_stage(image_project)
+    text = context.dockerfile.read_text()
     layer = "COPY --from=series /vllm-overlay/build/image/layers/{}/ ${{VLLM_SITE_PACKAGES}}/\n"
     assert layer.format("01-alpha") + layer.format("02-beta") in text
     assert text.index("01-alpha") < text.index("02-beta") < text.index("build/image/overlay/ ${VLLM_SITE_PACKAGES}/")
     assert 'ARG BASE_IMAGE="vllm/vllm-openai:v0.33.0"' in text
-    assert f'ARG OVERLAY_SERIES_SHA256="{staging.series_sha256}"' in text
+    assert f'ARG OVERLAY_SERIES_SHA256="{context.series_sha256}"' in text
     assert 'ARG OVERLAY_CREATED="2023-11-14T22:13:20Z"' in text
-    assert staging.labels["vllm-overlay.upstream.commit"] == "g4ba787ec9"
-    assert staging.labels["org.opencontainers.image.version"].startswith("0.33.0-overlay.")
+    assert context.labels["vllm-overlay.upstream.commit"] == "g4ba787ec9"
+    assert context.labels["org.opencontainers.image.version"].startswith("0.33.0-overlay.")
 
 
 def stages(text: str) -> tuple[str, str]:
@@ -144,18 +145,18 @@ def test_staged_dockerfile_is_the_projects_with_the_staged_files_as_first_stage(
     two_series(make_patch, upstream_dir)
     assert run_apply(image_project, upstream_dir)[0] == 0
     proj = Project(image_project)
-    staging = do_stage(image_project, epoch=build_context.series_epoch(series.load_series(proj.patches)))
-    assert build_context.sync_dockerfile(proj, staging)
+    context = do_stage(image_project, epoch=build_context.series_epoch(series.load_series(proj.patches)))
+    assert dockerfile.sync_dockerfile(proj, context)
     root_head, root_image = stages((image_project / "Dockerfile").read_text())
-    staged_head, staged_image = stages(staging.dockerfile.read_text())
+    staged_head, staged_image = stages(context.dockerfile.read_text())
     assert "FROM ${TOOL_IMAGE} AS series" in root_head and "vllm-overlay apply-patches" in root_head
     assert "FROM scratch AS series\nCOPY layers/ /vllm-overlay/build/image/layers/\n" in staged_head
     assert "apply-patches" not in staged_head
     per_build = {"OVERLAY_REVISION", "OVERLAY_SOURCE"}  # the host's git facts: build-image fills them in
     differing = [(a, b) for a, b in zip(root_image.splitlines(), staged_image.splitlines(), strict=True) if a != b]
     assert {a.split("=")[0].removeprefix("ARG ") for a, _ in differing} == per_build
-    assert build_context.stale_dockerfile_lines(proj, staging) == []
-    assert not build_context.sync_dockerfile(proj, staging)  # idempotent
+    assert dockerfile.stale_dockerfile_lines(proj, context) == []
+    assert not dockerfile.sync_dockerfile(proj, context)  # idempotent
 
 
 def test_check_dockerfile_fails_until_synced(image_project, make_patch, upstream_dir, store_env, capsys):
@@ -181,9 +182,9 @@ def test_check_dockerfile_fails_until_synced(image_project, make_patch, upstream
 def test_dockerfile_is_checked_at_the_series_epoch_only(image_project, make_patch, upstream_dir, store_env):
     two_series(make_patch, upstream_dir)
     assert run_apply(image_project, upstream_dir)[0] == 0
-    staging = do_stage(image_project, epoch=12345)  # e.g. SOURCE_DATE_EPOCH set: other labels, other SBOM
+    context = do_stage(image_project, epoch=12345)  # e.g. SOURCE_DATE_EPOCH set: other labels, other SBOM
     with pytest.raises(build_context.ImageError, match="unset SOURCE_DATE_EPOCH"):
-        build_context.stale_dockerfile_lines(Project(image_project), staging)
+        dockerfile.stale_dockerfile_lines(Project(image_project), context)
 
 
 def test_staging_is_reproducible(image_project, make_patch, upstream_dir, store_env):
@@ -363,10 +364,10 @@ def test_unusual_file_names_and_a_mode_only_change_stage(image_project, make_pat
 
     make_patch(upstream_dir, edit, "odd names", "alpha")
     assert run_apply(image_project, upstream_dir)[0] == 0
-    staging = do_stage(image_project)
-    manifest = json.loads((staging.root / "overlay/vllm_overlay_status/manifest.json").read_text())
+    context = do_stage(image_project)
+    manifest = json.loads((context.root / "overlay/vllm_overlay_status/manifest.json").read_text())
     assert {"vllm/with space.py", "vllm/café.py"} <= set(manifest["files"])
-    assert (staging.root / "layers" / "01-alpha" / "vllm" / "café.py").read_text() == "ACCENTED = 1\n"
+    assert (context.root / "layers" / "01-alpha" / "vllm" / "café.py").read_text() == "ACCENTED = 1\n"
 
 
 # --- engines: the flags each one gets, check 7's engine choice, the check's own Docker daemon -----------
@@ -489,3 +490,109 @@ def test_the_checks_docker_daemon_is_stopped_by_its_pid_and_a_leftover_one_too(t
         if left.poll() is None:
             os.kill(left.pid, 9)
             left.wait()
+
+
+# --- ci-image's builds: the library function, typed, over one build context ---------------------------
+
+
+def _imported_modules(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found |= {node.module, *(f"{node.module}.{alias.name}" for alias in node.names)}
+    return found
+
+
+DOCSTRING_OF = "vllm_overlay.commands.docstring_of"  # the help-text reader of the verbs' package, not a verb
+
+
+def test_the_image_code_calls_no_verb():
+    """No argv between verbs: the image package, the README check and the image verbs import no verb and no cli."""
+    sources = sorted((REPO_ROOT / "vllm_overlay" / "image").glob("*.py"))
+    sources += [REPO_ROOT / "vllm_overlay" / "readme_ci.py"]
+    sources += [REPO_ROOT / "vllm_overlay" / "commands" / name for name in ("build_image.py", "ci_image.py")]
+    for path in sources:
+        imported = _imported_modules(path)
+        verbs = {name for name in imported if name.startswith("vllm_overlay.commands.") and name != DOCSTRING_OF}
+        assert not verbs and "vllm_overlay.cli" not in imported, f"{path.name}: {verbs or 'vllm_overlay.cli'}"
+    assert "argparse" not in _imported_modules(REPO_ROOT / "vllm_overlay" / "image" / "ci_checks.py")
+
+
+class FakeEngine:
+    """An engine whose builds and in-image verify pass (nothing runs)."""
+
+    name, exe = "buildah", "/usr/bin/buildah"
+
+    def __init__(self) -> None:
+        self.builds: list[tuple[Path, list[str], dict[str, str], bool]] = []
+
+    def image_exists(self, ref: str) -> bool:
+        return True
+
+    def digest(self, ref: str) -> str | None:
+        return None
+
+    def build(self, root, tags, build_args, epoch, no_cache=False) -> int:
+        self.builds.append((Path(root), list(tags), dict(build_args), no_cache))
+        return 0
+
+    def run(self, tag, argv):
+        return 0, "verified: 0 files"
+
+    def diff_ids(self, ref: str) -> list[str]:
+        return ["sha256:base"] if "standin" in ref else ["sha256:base", "sha256:layer"]
+
+    def layer_sizes(self, ref: str) -> list[int | None]:
+        return [10, 2]
+
+    def image_size(self, ref: str) -> int | None:
+        return 12
+
+
+def test_ci_image_builds_call_the_library_typed_over_one_staged_context(
+    image_project, make_patch, upstream_dir, store_env, monkeypatch, capsys
+):
+    """ci-image's builds: build.build_image with typed options, never an ArgumentParser; staged once per run."""
+    import argparse
+
+    from vllm_overlay.image import build, ci_checks, engine
+
+    two_series(make_patch, upstream_dir)
+    assert run_apply(image_project, upstream_dir)[0] == 0
+    proj = Project(image_project)
+    fake = FakeEngine()
+    seen: list[tuple[str, engine.Options]] = []
+
+    def find_engine(choice, options=None):
+        seen.append((choice, options))
+        return fake
+
+    staged = []
+    real_stage = build_context.stage
+    monkeypatch.setattr(build_context, "stage", lambda *a, **k: staged.append(k) or real_stage(*a, **k))
+    monkeypatch.setattr(engine, "find_engine", find_engine)
+    monkeypatch.setattr(argparse, "ArgumentParser", lambda *a, **k: pytest.fail("an ArgumentParser was built"))
+    calls: list[build.BuildOptions] = []
+    real_build = build.build_image
+    monkeypatch.setattr(build, "build_image", lambda p, o, **k: calls.append(o) or real_build(p, o, **k))
+    the_lock = lock.load(proj.lock_file)
+    patches = series.load_series(proj.patches)
+    run = ci_checks.Run(proj, ci_checks.Options(), the_lock, patches, Store(), fake, [], [])
+    run.ref, run.site = "localhost/vllm-standin:0.33.0", "/usr/lib/python3/dist-packages"
+    assert ci_checks.check_build(run) == ["sha256:layer"]
+    assert ci_checks.check_rebuild(run, ["sha256:layer"]) == ["sha256:layer"]
+    assert ci_checks.build_on_standin(run, tag="localhost/vllm-overlay-ci:podman", engine_name="podman") == 0
+    with ci_checks.tampered_copy(proj, run.built_context) as (root, victim):
+        assert victim.read_text().endswith(ci_checks.TAMPER_LINE) and root != run.built_context.root
+    staged_files = [p for p in run.built_context.root.rglob("*.py")]
+    assert not any(ci_checks.TAMPER_LINE in p.read_text(encoding="utf-8") for p in staged_files)  # left as staged
+    assert len(staged) == 1 and staged[0]["base_image"] == run.ref
+    assert all(isinstance(options, build.BuildOptions) for options in calls) and len(calls) == 3
+    assert [(o.engine, o.tags, dict(o.build_args), o.pull, o.no_cache) for o in calls[:2]] == [
+        ("buildah", (ci_checks.TAG,), {"VLLM_SITE_PACKAGES": run.site}, False, True)
+    ] * 2
+    assert seen[-1] == ("podman", ci_checks.ENGINE_OPTIONS["podman"]) and seen[0] == ("buildah", engine.Options())
+    assert [b[0] for b in fake.builds] == [run.built_context.root] * 3 and all(b[3] for b in fake.builds)
+    assert fake.builds[0][2]["VLLM_SITE_PACKAGES"] == run.site and not run.failures

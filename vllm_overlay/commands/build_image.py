@@ -22,7 +22,6 @@ Engine flags a machine needs go with --runtime, --ulimit and --network (Debian's
 from __future__ import annotations
 
 import argparse
-import time
 
 from vllm_overlay import output, project
 from vllm_overlay.image import engine
@@ -79,18 +78,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _mb(size: int | None) -> str:
-    return "?" if size is None else f"{size:,} bytes ({size / 1e6:.3f} MB)"
-
-
 def run(args: argparse.Namespace) -> int:
-    from vllm_overlay import lock, series
-    from vllm_overlay.image import build_context
+    """The options as :class:`vllm_overlay.image.build.BuildOptions`; :func:`~vllm_overlay.image.build.build_image`'s
+    result lines printed."""
+    from vllm_overlay.image import build
 
     proj = project.from_args(args)
-    step = iter(range(1, 7))
-    total = 2 if args.stage_only else 6
-    say = lambda text: output.info(f"[{next(step)}/{total}] {text}")  # noqa: E731
     extra_args = {}
     for item in args.build_arg:
         key, sep, value = item.partition("=")
@@ -98,85 +91,20 @@ def run(args: argparse.Namespace) -> int:
             output.error(f"--build-arg {item!r}: expected KEY=VALUE")
             return 2
         extra_args[key] = value
-    the_lock = lock.load(proj.lock_file)
-    patches = series.load_series(proj.patches)
-    say(f"staging {len(patches)} patch(es) from {proj.patched_tree}")
-    staging = build_context.stage(proj, the_lock, patches, base_image=args.base, source_url=args.source_url)
-    for layer in staging.layers:
-        output.info(f"      layer {layer.layer}: {len(layer.files)} file(s), {layer.bytes:,} bytes")
-    for entry in staging.unshipped:
-        output.warn(
-            f"{entry['path']} is outside the installed vllm package: not shipped ({', '.join(entry['patches'])})"
-        )
-    say(f"staged {staging.root} ({staging.staged_bytes:,} bytes; series sha256 {staging.series_sha256[:16]})")
-    stale = build_context.stale_dockerfile_lines(proj, staging)
-    if stale and args.sync_dockerfile:
-        build_context.sync_dockerfile(proj, staging)
-        output.info(f"      updated the generated parts of {proj.root / 'Dockerfile'} ({len(stale)} line(s))")
-    elif stale:
-        shown = "\n".join(f"        {line}" for line in stale[:12])
-        more = f"\n        ... and {len(stale) - 12} more" if len(stale) > 12 else ""
-        message = (
-            f"the generated parts of {proj.root / 'Dockerfile'} (series block, provenance defaults) do not match "
-            f"patches/series, so `docker build .` would be refused:\n{shown}{more}\n"
-            "      run scripts/build-image --stage-only --sync-dockerfile and commit the Dockerfile"
-        )
-        if args.check_dockerfile:
-            output.error(message)
-            return 1
-        output.warn(message + " (the staged copy is right)")
-    elif args.check_dockerfile:
-        output.info(f"      {proj.root / 'Dockerfile'}: generated parts match the series")
-    if args.stage_only:
-        output.result(str(staging.root))
-        return 0
-
-    options = engine.Options(runtime=args.runtime, ulimits=tuple(args.ulimit), network=args.network)
-    eng = engine.find_engine(args.engine, options)
-    say(f"engine: {eng.name} ({eng.exe})")
-    base = staging.build_args["BASE_IMAGE"]
-    if not eng.image_exists(base):
-        if args.no_pull:
-            raise engine.EngineError(f"base image {base} is not present locally (--no-pull)")
-        output.info(f"      pulling {base}")
-        ok, message = eng.pull(base)
-        if not ok:
-            reason = message.splitlines()[-1] if message else "no reason given"
-            raise engine.EngineError(
-                f"base image {base} is not present and cannot be pulled: {reason}"
-                "\n  pass --base with a local image, or make the registry reachable"
-            )
-    build_args = dict(staging.build_args)
-    base_digest = eng.digest(base)
-    if base_digest and not the_lock.base_digest:
-        build_args["OVERLAY_BASE_DIGEST"] = base_digest
-    build_args.update(extra_args)
-    tags = args.tag or [f"vllm-overlay:{the_lock.version}-{staging.series_sha256[:12]}"]
-    say(f"building {tags[0]} FROM {base} (base present)")
-    started = time.monotonic()
-    code = eng.build(staging.root, tags, build_args, staging.source_date_epoch, no_cache=args.no_cache)
-    seconds = time.monotonic() - started
-    if code != 0:
-        output.error(f"{eng.name} build failed (exit {code}) after {seconds:.1f} s; see its output above")
-        return 1
-    say(f"verifying inside {tags[0]}")
-    site = build_args.get("VLLM_SITE_PACKAGES")
-    verify_argv = ["python3", "-m", "vllm_overlay_status", "verify"] + (["--site-packages", site] if site else [])
-    code, text = eng.run(tags[0], verify_argv)
-    output.info("      " + text.strip().replace("\n", "\n      "))
-    if code != 0:
-        output.error(f"in-image verify failed for {tags[0]}")
-        return 1
-    base_layers = len(eng.diff_ids(base))
-    sizes = eng.layer_sizes(tags[0])
-    added = sizes[base_layers:]
-    added_total = None if None in added else sum(s for s in added if s is not None)
-    if added_total is None:
-        full, base_size = eng.image_size(tags[0]), eng.image_size(base)
-        added_total = full - base_size if full and base_size else None
-    say("done")
-    output.result(f"image: {', '.join(tags)}")
-    output.result(f"layers added over the base: {len(added)}; {_mb(added_total)}")
-    output.result(f"build time (base present): {seconds:.1f} s")
-    output.result(f"series sha256: {staging.series_sha256}")
-    return 0
+    options = build.BuildOptions(
+        engine=args.engine,
+        engine_options=engine.Options(runtime=args.runtime, ulimits=tuple(args.ulimit), network=args.network),
+        base=args.base,
+        tags=tuple(args.tag or ()),
+        build_args=extra_args,
+        source_url=args.source_url,
+        stage_only=args.stage_only,
+        pull=not args.no_pull,
+        no_cache=args.no_cache,
+        sync_dockerfile=args.sync_dockerfile,
+        check_dockerfile=args.check_dockerfile,
+    )
+    result = build.build_image(proj, options)
+    for line in result.summary():
+        output.result(line)
+    return result.code

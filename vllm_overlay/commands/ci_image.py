@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from vllm_overlay import errors, output, project
-from vllm_overlay.commands import build_image, docstring_of
+from vllm_overlay import project
+from vllm_overlay.commands import docstring_of
 
 __doc__ = docstring_of("vllm_overlay.image.ci_checks")  # shown by --help (cli builds the verb's description from it)
 
@@ -56,19 +56,6 @@ def run(args: argparse.Namespace) -> int:
     from vllm_overlay.image import ci_checks
 
     proj = project.from_args(args)
-
-    def build(base: str, site: str, *extra: str, tag: str = ci_checks.TAG, engine: tuple[str, ...] = ()) -> int:
-        engine = engine or ("--engine", "buildah")
-        argv = ["--project", str(proj.root), *engine, "--base", base, "--no-pull", "--tag", tag]
-        argv += ["--build-arg", f"VLLM_SITE_PACKAGES={site}", *extra]
-        parser = argparse.ArgumentParser()
-        build_image.add_arguments(parser)
-        try:
-            return build_image.run(parser.parse_args(argv))
-        except errors.InputError as exc:  # as cli.main would answer it: the checks read the exit code
-            output.error(str(exc))
-            return exc.exit_code
-
     options = ci_checks.Options(
         python=args.python,
         storage_driver=args.storage_driver,
@@ -79,4 +66,4 @@ def run(args: argparse.Namespace) -> int:
         root_build=args.root_build,
         engines=args.engines,
     )
-    return ci_checks.run_checks(proj, options, build)
+    return ci_checks.run_checks(proj, options)

@@ -217,18 +217,18 @@ def _compile(eng: engine.Engine, imported: str, ref: str, purelib: str) -> None:
 
 
 def build_overlay(
-    eng: engine.Engine, staging: build_context.Staging, base: str, site_packages: str, runtime: RuntimeLock
+    eng: engine.Engine, context: build_context.BuildContext, base: str, site_packages: str, runtime: RuntimeLock
 ) -> str:
     """The carried series built over ``base`` with the staged Dockerfile; its ref."""
-    ref = OVERLAY_REF.format(short=staging.series_sha256[:12])
+    ref = OVERLAY_REF.format(short=context.series_sha256[:12])
     # The base has no entrypoint of its own: the overlay's runs its preflight, then the command given.
     args = {"BASE_IMAGE": base, "VLLM_SITE_PACKAGES": site_packages, "VLLM_DIST": runtime.project}
     args["BASE_ENTRYPOINT"] = ""
     stale = _image_id(eng, ref)
     started = time.monotonic()
-    code = eng.build(staging.root, [ref], args, staging.source_date_epoch)
+    code = eng.build(context.root, [ref], args, context.source_date_epoch)
     if code != 0:
-        raise ContainerError(f"{eng.name} build of {staging.root} over {base} failed (exit {code}; output above)")
+        raise ContainerError(f"{eng.name} build of {context.root} over {base} failed (exit {code}; output above)")
     if stale is not None and stale != _image_id(eng, ref):
         _remove_replaced(eng, stale, "overlay")
     output.info(f"[e2e] overlay image {ref} built by {eng.name} in {time.monotonic() - started:.0f}s")
@@ -265,11 +265,11 @@ def engine_for(name: str, store: Store) -> Iterator[engine.Engine]:
 
 
 def images(
-    eng: engine.Engine, store: Store, runtime: RuntimeLock, pristine: testenv.Env, staging: build_context.Staging
+    eng: engine.Engine, store: Store, runtime: RuntimeLock, pristine: testenv.Env, context: build_context.BuildContext
 ) -> Images:
     """The base (made once per runtime) and the overlay built over it, on ``eng``."""
     base, site = ensure_base(eng, store, runtime, pristine, None)
-    return Images(eng, base, build_overlay(eng, staging, base, site, runtime), site)
+    return Images(eng, base, build_overlay(eng, context, base, site, runtime), site)
 
 
 def _children(pid: int) -> list[int]:

@@ -33,8 +33,8 @@ class LayoutError(InputError, RuntimeError):
     """The pristine runtime is not pristine, or the laid-out copy fails the image's checks."""
 
 
-def _manifest_sha(staging: build_context.Staging) -> str:
-    manifest = staging.root / "overlay" / build_context.STATUS_PACKAGE / "manifest.json"
+def _manifest_sha(context: build_context.BuildContext) -> str:
+    manifest = context.root / "overlay" / build_context.STATUS_PACKAGE / "manifest.json"
     return hashlib.sha256(manifest.read_bytes()).hexdigest()
 
 
@@ -46,7 +46,7 @@ def _replace(source: Path, target: Path) -> None:
     shutil.copy2(source, target)
 
 
-def status_commands(python: Path, site: Path, staging: build_context.Staging) -> list[list[str]]:
+def status_commands(python: Path, site: Path, context: build_context.BuildContext) -> list[list[str]]:
     """The image's checks, as the Dockerfile runs them after the COPY layers."""
     module = [str(python), "-m", build_context.STATUS_PACKAGE]
     return [
@@ -57,15 +57,15 @@ def status_commands(python: Path, site: Path, staging: build_context.Staging) ->
             "--site-packages",
             str(site),
             "--expect",
-            f"series_sha256={staging.series_sha256}",
+            f"series_sha256={context.series_sha256}",
             "--expect",
-            f"upstream_version={staging.manifest['upstream']['version']}",
+            f"upstream_version={context.manifest['upstream']['version']}",
         ],
     ]
 
 
-def lay_out(pristine: testenv.Env, dist: str, staging: build_context.Staging, dest: Path) -> testenv.Env:
-    """The patched runtime at ``dest`` for ``staging`` (built if missing or stale), verified."""
+def lay_out(pristine: testenv.Env, dist: str, context: build_context.BuildContext, dest: Path) -> testenv.Env:
+    """The patched runtime at ``dest`` for ``context`` (built if missing or stale), verified."""
     started = time.monotonic()
     problems = record.verify_distribution(pristine.site_packages, dist)
     if problems:
@@ -74,11 +74,11 @@ def lay_out(pristine: testenv.Env, dist: str, staging: build_context.Staging, de
             f"({'; '.join(map(str, problems[:5]))}); it is not laid over"
         )
     output.info(f"{dist} in {pristine.path} is pristine per its RECORD ({time.monotonic() - started:.1f}s)")
-    sha = _manifest_sha(staging)
+    sha = _manifest_sha(context)
     marker = dest / MARKER
     if marker.is_file() and marker.read_text(encoding="utf-8").strip() == f"{pristine.path.resolve()} {sha}":
         env = testenv.describe(dest, key=sha[:24], managed=True)
-        _run_checks(env, staging)
+        _run_checks(env, context)
         output.info(f"patched runtime {dest} reused (manifest {sha[:12]}, verified)")
         return env
     work = dest.parent / f".{dest.name}.{os.getpid()}"
@@ -87,10 +87,10 @@ def lay_out(pristine: testenv.Env, dist: str, staging: build_context.Staging, de
     try:
         subprocess.run(["cp", "-al", str(pristine.path.resolve()), str(work)], check=True)
         site = work / pristine.site_packages.relative_to(pristine.path)
-        for layer in staging.layers:
+        for layer in context.layers:
             for shipped in layer.files:
-                _replace(staging.root / "layers" / layer.layer / shipped.path, site / shipped.path)
-        overlay = staging.root / "overlay"
+                _replace(context.root / "layers" / layer.layer / shipped.path, site / shipped.path)
+        overlay = context.root / "overlay"
         for source in sorted(overlay.rglob("*")):
             if source.is_file():
                 _replace(source, site / source.relative_to(overlay))
@@ -98,20 +98,20 @@ def lay_out(pristine: testenv.Env, dist: str, staging: build_context.Staging, de
             shutil.rmtree(dest)
         # Checked at its final path (bytecode records it); usable only once the marker is written.
         os.replace(work, dest)
-        _run_checks(testenv.describe(dest, key=sha[:24], managed=True), staging)
+        _run_checks(testenv.describe(dest, key=sha[:24], managed=True), context)
         (dest / MARKER).write_text(f"{pristine.path.resolve()} {sha}\n", encoding="utf-8")
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
     output.info(
-        f"patched runtime {dest}: {sum(len(layer.files) for layer in staging.layers)} file(s) laid over "
+        f"patched runtime {dest}: {sum(len(layer.files) for layer in context.layers)} file(s) laid over "
         f"{dist}, verified as the image verifies ({time.monotonic() - started:.1f}s)"
     )
     return testenv.describe(dest, key=sha[:24], managed=True)
 
 
-def _run_checks(env: testenv.Env, staging: build_context.Staging) -> None:
-    for command in status_commands(env.python, env.site_packages, staging):
+def _run_checks(env: testenv.Env, context: build_context.BuildContext) -> None:
+    for command in status_commands(env.python, env.site_packages, context):
         done = subprocess.run(
             command, capture_output=True, text=True, env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1"), check=False
         )

@@ -362,9 +362,9 @@ def run(root: Path, options: Options) -> Outcome:
             return outcome
     with Timer(outcome, "carry"):
         carry.build_tree(proj, carry_lock, store)
-        staging = carry.stage(proj, carry_lock, runtime_lock, proj.patched_tree, proj.build / "image")
-        patched = layout.lay_out(pristine, runtime_lock.project, staging, proj.build / "runtime")
-        outcome.series_sha256 = staging.series_sha256
+        context = carry.stage(proj, carry_lock, runtime_lock, proj.patched_tree, proj.build / "image")
+        patched = layout.lay_out(pristine, runtime_lock.project, context, proj.build / "runtime")
+        outcome.series_sha256 = context.series_sha256
     with Timer(outcome, "model"):
         model = make_model(pristine.python, root, out / "model")
     for label, env, is_patched in (("pristine", pristine, False), ("patched", patched, True)):
@@ -381,7 +381,7 @@ def run(root: Path, options: Options) -> Outcome:
                 with running(spec, out / f"server-{label}.log", options.ready_timeout) as server:
                     outcome.ready[label] = server.ready_s or 0.0
                     output.info(f"[e2e] {label} server ready in {server.ready_s:.0f}s at {server.url}")
-                    results = server_scenarios(server, is_patched, options.clients, staging.series_sha256)
+                    results = server_scenarios(server, is_patched, options.clients, context.series_sha256)
             except ServerError as exc:
                 results = [scenarios.Result("server-start", False, str(exc)[:500], 0.0)]
         outcome.results[label] = results
@@ -419,9 +419,9 @@ def run(root: Path, options: Options) -> Outcome:
             )
         )
     if options.image:
-        image_scenarios(outcome, options, pristine, runtime_lock, staging, model, out)
+        image_scenarios(outcome, options, pristine, runtime_lock, context, model, out)
     if options.tamper:
-        relpath = sorted(staging.manifest["files"])[0]
+        relpath = sorted(context.manifest["files"])[0]
         spec = ServerSpec(python=patched.python, model=model, label="patched (tampered)")
         with Timer(outcome, "tamper"):
             outcome.extra.append(tamper(spec, patched.site_packages, relpath, out / "server-tamper.log", 600))
@@ -440,7 +440,7 @@ def image_scenarios(
     options: Options,
     pristine: testenv.Env,
     runtime_lock: cpu_runtime.RuntimeLock,
-    staging: build_context.Staging,
+    context: build_context.BuildContext,
     model: Path,
     out: Path,
 ) -> None:
@@ -451,17 +451,17 @@ def image_scenarios(
     for name in (options.image or "").split(","):
         with container.engine_for(name.strip(), store) as eng:
             with Timer(outcome, f"images ({eng.name})"):
-                made = container.images(eng, store, runtime_lock, pristine, staging)
+                made = container.images(eng, store, runtime_lock, pristine, context)
             labels = (f"pristine {eng.name}", f"patched {eng.name}")
             for label, ref, is_patched in ((labels[0], made.base, False), (labels[1], made.overlay, True)):
-                served = _container_server(outcome, eng, ref, label, is_patched, options, staging, model, out)
+                served = _container_server(outcome, eng, ref, label, is_patched, options, context, model, out)
                 outcome.results[label] = served
             outcome.extra.append(_identical(outcome, *labels))
             with Timer(outcome, f"plugins excluded ({eng.name})"):
                 log = out / f"server-plugins-excluded-{eng.name}.log"
                 outcome.extra.append(container_refusal(eng, made, model, log))
             if options.tamper:
-                relpath = sorted(staging.manifest["files"])[0]
+                relpath = sorted(context.manifest["files"])[0]
                 with Timer(outcome, f"tamper ({eng.name})"):
                     log = out / f"server-tamper-{eng.name}.log"
                     outcome.extra.append(container_tamper(eng, made, model, relpath, log))
@@ -474,7 +474,7 @@ def _container_server(
     label: str,
     is_patched: bool,
     options: Options,
-    staging: build_context.Staging,
+    context: build_context.BuildContext,
     model: Path,
     out: Path,
 ) -> list[scenarios.Result]:
@@ -486,7 +486,7 @@ def _container_server(
             with container.running(eng, ref, spec, model, log, options.ready_timeout) as server:
                 outcome.ready[label] = server.ready_s or 0.0
                 output.info(f"[e2e] {label} ({ref}) ready in {server.ready_s:.0f}s at {server.url}")
-                results = server_scenarios(server, is_patched, options.clients, staging.series_sha256)
+                results = server_scenarios(server, is_patched, options.clients, context.series_sha256)
         except ServerError as exc:
             results = [scenarios.Result("server-start", False, str(exc)[:500], 0.0)]
     for result in results:

@@ -42,18 +42,20 @@ Exit codes (run_checks): 0 every check passed; 1 a check failed; 2 usage, input 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from vllm_overlay import indexes, lock, output, project, series, testenv
-from vllm_overlay.image import build_context, dockerd, engine, sbom
+from vllm_overlay.errors import InputError
+from vllm_overlay.image import build, build_context, dockerd, engine, sbom
 from vllm_overlay.image.standins import (
     NONROOT_ENTRYPOINT,
     NONROOT_HOME,
@@ -248,17 +250,7 @@ def _changed(first: list[str], second: list[str]) -> int:
     return sum(a != b for a, b in zip(first, second, strict=False)) + abs(len(first) - len(second))
 
 
-def engine_checks(
-    proj: project.Project,
-    the_lock: lock.Lock,
-    patches: list,
-    eng: engine.Engine,
-    build: Build,
-    buildah: BuildahResult,
-    store: Store,
-    failures: list[str],
-    figures: list[str],
-) -> None:
+def engine_checks(run: Run, eng: engine.Engine, buildah: BuildahResult) -> None:
     """Check 7 with docker or podman: the checks 1-5 make with buildah, on this engine.
 
     podman builds with buildah's own library: its layers must be buildah's, digest for digest.
@@ -273,113 +265,136 @@ def engine_checks(
     try:
         if name == "docker":
             version = sh(eng.exe, "version", "--format", "{{.Client.Version}} / daemon {{.Server.Version}}")
-            figures.append(f"docker: CLI {version}, the check's own daemon (loopback only)")
+            run.figures.append(f"docker: CLI {version}, the check's own daemon (loopback only)")
             for ref in [buildah.base, *([buildah.root.tool] if buildah.root else [])]:
-                figures.append(f"docker: stand-in {ref} {load_into(eng, bh, ref, store.root)}")
-        started = time.monotonic()
-        if build(buildah.base, buildah.site, "--no-cache", tag=tag, engine=engine_argv(name)) != 0:
-            failures.append(f"{name}: build-image --engine {name} (build and in-image verify) failed")
+                run.figures.append(f"docker: stand-in {ref} {load_into(eng, bh, ref, run.store.root)}")
+        built = _engine_builds(run, eng, tag, buildah)
+        if built is None:
             return
-        seconds = time.monotonic() - started
-        base_layers = len(eng.diff_ids(buildah.base))
-        first = eng.diff_ids(tag)[base_layers:]
-        if build(buildah.base, buildah.site, "--no-cache", tag=tag, engine=engine_argv(name)) != 0:
-            failures.append(f"{name}: the --no-cache rebuild failed")
-            return
-        second = eng.diff_ids(tag)[base_layers:]
-        equal = sum(a == b for a, b in zip(first, buildah.layers, strict=False))
-        line = (
-            f"{name}: build-image --engine {name} built and verified in {seconds:.0f} s; {len(first)} added layers "
-            f"({equal} of them equal to buildah's {len(buildah.layers)}); a --no-cache rebuild changed "
-            f"{_changed(first, second)}"
-        )
-        if name == "podman" and (first != buildah.layers or second != first):
-            failures.append(line + ": podman must give buildah's layers, reproducibly")
-        else:
-            figures.append(line)
-        labels = eng.labels(tag)
-        differing = sorted(k for k in set(labels) | set(buildah.labels) if labels.get(k) != buildah.labels.get(k))
-        # The base's manifest digest is what the engine knows of it: Docker keeps none for a loaded
-        # image (no RepoDigests), so build-image leaves the label as the lock has it (empty here).
-        unknown_digest = name == "docker" and not eng.digest(buildah.base)
-        if unknown_digest and differing == [BASE_DIGEST_LABEL]:
-            figures.append(
-                f"{name}: the {len(labels)} labels equal buildah's image's, but {BASE_DIGEST_LABEL} "
-                f"({labels.get(BASE_DIGEST_LABEL)!r}: docker keeps no manifest digest of a loaded image)"
-            )
-        elif differing:
-            failures.append(f"{name}: labels differ from buildah's image: {', '.join(differing)}")
-        else:
-            figures.append(f"{name}: the {len(labels)} labels equal buildah's image's")
-
-        runs = {"status": ["python3", "-m", "vllm_overlay_status", "status"]}
-        runs["verify"] = ["python3", "-m", "vllm_overlay_status", "verify"]
-        runs["plugin"] = ["python3", "-c", "from vllm_overlay_status.plugin import register; register()"]
-        ran = []
-        for what, argv in runs.items():
-            code, text = eng.run(tag, argv)
-            if code != 0:
-                failures.append(f"{name} run {what} in the image (exit {code}): {text.strip()[-300:]}")
-            else:
-                ran.append(what)
-        code, text = eng.run(tag, ["python3", "-m", "vllm_overlay_status", "sbom"])
-        sbom_problems = [f"exit {code}"] if code != 0 else sbom.problems(text, [p.name for p in patches])
-        if sbom_problems:
-            failures.append(f"{name} run sbom: " + "; ".join(sbom_problems))
-        else:
-            ran.append("sbom (valid, the series' patches)")
-        figures.append(f"{name} run in the built image: {', '.join(ran) or 'nothing passed'}")
-
-        with tempfile.TemporaryDirectory(prefix=".ci-image-tamper-", dir=proj.build) as scratch:
-            staging = build_context.stage(
-                proj, the_lock, patches, base_image=buildah.base, dest=Path(scratch) / "image"
-            )
-            victim = next(
-                (staging.root / "layers" / layer.layer / f.path for layer in staging.layers[::-1] for f in layer.files),
-                staging.root / "overlay" / "vllm_overlay_status" / "plugin.py",
-            )
-            with open(victim, "a") as handle:
-                handle.write(TAMPER_LINE)
-            made.append(f"{tag}-tampered-layer")
-            args_build = {**staging.build_args, "VLLM_SITE_PACKAGES": buildah.site}
-            if eng.build(staging.root, [made[-1]], args_build, staging.source_date_epoch) == 0:
-                failures.append(f"{name}: tampered {victim.relative_to(staging.root)} but the build passed")
-            else:
-                figures.append(f"{name}: a tampered layer file failed the build")
-
+        first, base_layers = built
+        _engine_labels(run, eng, tag, buildah)
+        _engine_runs(run, eng, tag)
+        made.append(f"{tag}-tampered-layer")
+        _engine_tampered_layer(run, eng, made[-1], buildah)
         if buildah.root is not None:
             made.append(f"{tag}-root-build")
-            host = dataclasses.replace(eng, options=dataclasses.replace(eng.options, network="host"))
-            started = time.monotonic()
-            root_args = root_build_args(buildah.root)
-            if host.build(proj.root, [made[-1]], root_args, buildah.root.epoch, no_cache=True) != 0:
-                failures.append(f"{name}: the project's Dockerfile (docker build .) did not build")
-            else:
-                seconds = time.monotonic() - started
-                added = eng.diff_ids(made[-1])[base_layers:]
-                root_labels = eng.labels(made[-1])
-                same_labels = root_labels == buildah.root.labels
-                line = (
-                    f"{name}: docker build . built in {seconds:.0f} s (in-image verify included); {len(added)} added "
-                    f"layers, {_changed(added, first)} differ from build-image's on {name}, "
-                    f"{_changed(added, buildah.root.layers)} from buildah's"
-                )
-                if not same_labels:
-                    failures.append(f"{name}: docker build . labels differ from buildah's build-image image")
-                if name == "podman" and added != buildah.root.layers:
-                    failures.append(line + ": podman must give buildah's layers")
-                else:
-                    figures.append(line + ("; labels equal" if same_labels else ""))
+            _engine_root_build(run, eng, made[-1], buildah.root, first, base_layers)
     finally:
         for ref in made:
             subprocess.run([eng.exe, "rmi", "-f", ref], capture_output=True, check=False)
         if name == "docker":
-            left = sorted(_docker_containers(eng) - before)
-            for container in left:
-                subprocess.run([eng.exe, "rm", "-f", container], capture_output=True, check=False)
-            if left:
-                failures.append(f"docker: {len(left)} container(s) left by the checks (removed): {', '.join(left)}")
-            subprocess.run([eng.exe, "image", "prune", "-f"], capture_output=True, check=False)
+            _remove_left_containers(run, eng, before)
+
+
+def _engine_builds(run: Run, eng: engine.Engine, tag: str, buildah: BuildahResult) -> tuple[list[str], int] | None:
+    """build-image --engine NAME twice, no cache: (the added layers, the base's layer count); None if one failed."""
+    name = eng.name
+    started = time.monotonic()
+    if build_on_standin(run, tag=tag, engine_name=name) != 0:
+        run.failures.append(f"{name}: build-image {' '.join(engine_argv(name))} (build and in-image verify) failed")
+        return None
+    seconds = time.monotonic() - started
+    base_layers = len(eng.diff_ids(buildah.base))
+    first = eng.diff_ids(tag)[base_layers:]
+    if build_on_standin(run, tag=tag, engine_name=name) != 0:
+        run.failures.append(f"{name}: the --no-cache rebuild failed")
+        return None
+    second = eng.diff_ids(tag)[base_layers:]
+    equal = sum(a == b for a, b in zip(first, buildah.layers, strict=False))
+    line = (
+        f"{name}: build-image --engine {name} built and verified in {seconds:.0f} s; {len(first)} added layers "
+        f"({equal} of them equal to buildah's {len(buildah.layers)}); a --no-cache rebuild changed "
+        f"{_changed(first, second)}"
+    )
+    if name == "podman" and (first != buildah.layers or second != first):
+        run.failures.append(line + ": podman must give buildah's layers, reproducibly")
+    else:
+        run.figures.append(line)
+    return first, base_layers
+
+
+def _engine_labels(run: Run, eng: engine.Engine, tag: str, buildah: BuildahResult) -> None:
+    name = eng.name
+    labels = eng.labels(tag)
+    differing = sorted(k for k in set(labels) | set(buildah.labels) if labels.get(k) != buildah.labels.get(k))
+    # The base's manifest digest is what the engine knows of it: Docker keeps none for a loaded
+    # image (no RepoDigests), so build-image leaves the label as the lock has it (empty here).
+    unknown_digest = name == "docker" and not eng.digest(buildah.base)
+    if unknown_digest and differing == [BASE_DIGEST_LABEL]:
+        run.figures.append(
+            f"{name}: the {len(labels)} labels equal buildah's image's, but {BASE_DIGEST_LABEL} "
+            f"({labels.get(BASE_DIGEST_LABEL)!r}: docker keeps no manifest digest of a loaded image)"
+        )
+    elif differing:
+        run.failures.append(f"{name}: labels differ from buildah's image: {', '.join(differing)}")
+    else:
+        run.figures.append(f"{name}: the {len(labels)} labels equal buildah's image's")
+
+
+def _engine_runs(run: Run, eng: engine.Engine, tag: str) -> None:
+    """status, verify, the plugin and the SBOM, run in the image this engine built."""
+    name = eng.name
+    runs = {"status": ["python3", "-m", "vllm_overlay_status", "status"]}
+    runs["verify"] = ["python3", "-m", "vllm_overlay_status", "verify"]
+    runs["plugin"] = ["python3", "-c", "from vllm_overlay_status.plugin import register; register()"]
+    ran = []
+    for what, argv in runs.items():
+        code, text = eng.run(tag, argv)
+        if code != 0:
+            run.failures.append(f"{name} run {what} in the image (exit {code}): {text.strip()[-300:]}")
+        else:
+            ran.append(what)
+    code, text = eng.run(tag, ["python3", "-m", "vllm_overlay_status", "sbom"])
+    sbom_problems = [f"exit {code}"] if code != 0 else sbom.problems(text, [p.name for p in run.patches])
+    if sbom_problems:
+        run.failures.append(f"{name} run sbom: " + "; ".join(sbom_problems))
+    else:
+        ran.append("sbom (valid, the series' patches)")
+    run.figures.append(f"{name} run in the built image: {', '.join(ran) or 'nothing passed'}")
+
+
+def _engine_tampered_layer(run: Run, eng: engine.Engine, tag: str, buildah: BuildahResult) -> None:
+    with tampered_copy(run.proj, run.built_context) as (root, victim):
+        args_build = {**run.built_context.build_args, "VLLM_SITE_PACKAGES": buildah.site}
+        if eng.build(root, [tag], args_build, run.built_context.source_date_epoch) == 0:
+            run.failures.append(f"{eng.name}: tampered {victim.relative_to(root)} but the build passed")
+        else:
+            run.figures.append(f"{eng.name}: a tampered layer file failed the build")
+
+
+def _engine_root_build(
+    run: Run, eng: engine.Engine, tag: str, root: RootBuild, first: list[str], base_layers: int
+) -> None:
+    """The project's Dockerfile (docker build .) on this engine, against build-image's and buildah's."""
+    name = eng.name
+    host = dataclasses.replace(eng, options=dataclasses.replace(eng.options, network="host"))
+    started = time.monotonic()
+    if host.build(run.proj.root, [tag], root_build_args(root), root.epoch, no_cache=True) != 0:
+        run.failures.append(f"{name}: the project's Dockerfile (docker build .) did not build")
+        return
+    seconds = time.monotonic() - started
+    added = eng.diff_ids(tag)[base_layers:]
+    same_labels = eng.labels(tag) == root.labels
+    line = (
+        f"{name}: docker build . built in {seconds:.0f} s (in-image verify included); {len(added)} added "
+        f"layers, {_changed(added, first)} differ from build-image's on {name}, "
+        f"{_changed(added, root.layers)} from buildah's"
+    )
+    if not same_labels:
+        run.failures.append(f"{name}: docker build . labels differ from buildah's build-image image")
+    if name == "podman" and added != root.layers:
+        run.failures.append(line + ": podman must give buildah's layers")
+    else:
+        run.figures.append(line + ("; labels equal" if same_labels else ""))
+
+
+def _remove_left_containers(run: Run, eng: engine.Engine, before: set[str]) -> None:
+    left = sorted(_docker_containers(eng) - before)
+    for container in left:
+        subprocess.run([eng.exe, "rm", "-f", container], capture_output=True, check=False)
+    if left:
+        run.failures.append(f"docker: {len(left)} container(s) left by the checks (removed): {', '.join(left)}")
+    subprocess.run([eng.exe, "image", "prune", "-f"], capture_output=True, check=False)
 
 
 @dataclass
@@ -393,10 +408,6 @@ class Options:
     root_build: bool = False  # checks 5 and 6: the project's Dockerfile, and a non-root base
     engines: str = "auto"  # check 7: docker, podman (comma-separated, each required), none, or auto
 
-
-# build(base, site, *extra build-image arguments, tag=TAG, engine=(build-image's engine arguments))
-#   -> exit code of scripts/build-image
-Build = Callable[..., int]
 
 # Check 7's engines and the flags they need here (engine.Options says why podman needs them).
 # Containers get loopback only; the root build's first stage reaches the package index on the host's network.
@@ -451,9 +462,261 @@ def _installed(name: str) -> bool:
     return shutil.which(name) is not None and (name != "docker" or shutil.which("dockerd") is not None)
 
 
-def run_checks(proj: project.Project, options: Options, build: Build) -> int:
-    """Every check in order; ``build`` runs scripts/build-image on the stand-in."""
-    args = options
+@dataclass
+class Run:
+    """One ci-image run: its inputs, buildah on the check's storage, the stand-in, what the checks found.
+
+    ``context`` is the build context check 1's build stages (build/image, over the stand-in): every
+    other build and both tamper tests take it as it is, so it is staged once per run.
+    """
+
+    proj: project.Project
+    options: Options
+    the_lock: lock.Lock
+    patches: list
+    store: Store
+    eng: engine.Engine  # buildah
+    failures: list[str]
+    figures: list[str]
+    ref: str = ""  # the stand-in base
+    site: str = ""  # its site-packages
+    context: build_context.BuildContext | None = None
+
+    @property
+    def built_context(self) -> build_context.BuildContext:
+        if self.context is None:
+            raise engine.EngineError("no build context: check 1 did not stage one")
+        return self.context
+
+
+def build_on_standin(run: Run, *, tag: str = TAG, engine_name: str = "buildah") -> int:
+    """build-image's build and in-image verify on the stand-in, without the layer cache; its exit code.
+
+    The first call stages the build context, the others build the one staged. No layer cache: it keys
+    on content, not on the timestamps, so a cached layer of an earlier epoch could make two builds agree
+    (or differ) by accident.
+    """
+    options = build.BuildOptions(
+        engine=engine_name,
+        engine_options=ENGINE_OPTIONS.get(engine_name, engine.Options()),
+        base=run.ref,
+        tags=(tag,),
+        build_args={"VLLM_SITE_PACKAGES": run.site},
+        pull=False,
+        no_cache=True,
+    )
+    try:
+        result = build.build_image(run.proj, options, context=run.context)
+    except InputError as exc:  # as cli.main would answer it: the checks read the exit code
+        output.error(str(exc))
+        return exc.exit_code
+    run.context = run.context or result.context
+    for line in result.summary():
+        output.result(line)
+    return result.code
+
+
+@contextlib.contextmanager
+def tampered_copy(proj: project.Project, context: build_context.BuildContext) -> Iterator[tuple[Path, Path]]:
+    """A scratch copy of the staged context, one file tampered: (the copy's root, the file).
+
+    The file is one of the last layer (no later layer masks the change), else the status package's plugin.
+    """
+    with tempfile.TemporaryDirectory(prefix=".ci-image-tamper-", dir=proj.build) as scratch:
+        root = Path(scratch) / "image"
+        shutil.copytree(context.root, root, symlinks=True)
+        victim = next(
+            (root / "layers" / layer.layer / f.path for layer in context.layers[::-1] for f in layer.files),
+            root / "overlay" / "vllm_overlay_status" / "plugin.py",
+        )
+        with open(victim, "a") as handle:
+            handle.write(TAMPER_LINE)
+        yield root, victim
+
+
+def standin_base(run: Run) -> None:
+    """The stand-in base (made if missing, or again with --rebuild-base) and the site-packages of its vllm."""
+    eng, args = run.eng, run.options
+    ref = STANDIN.format(version=run.the_lock.version)
+    output.info(f"== stand-in base {ref} (storage: {args.storage_driver})")
+    if args.rebuild_base and eng.image_exists(ref):
+        sh(eng.exe, "rmi", "-f", ref)
+    if eng.image_exists(ref):
+        site = eng.inspect(ref)["OCIv1"]["config"]["Env"]
+        site = next(e.split("=", 1)[1] for e in site if e.startswith("VLLM_STANDIN_SITE="))
+        run.figures.append("stand-in base: present (cached)")
+    else:
+        started = time.monotonic()
+        tar = rootfs_tar(run.store.root, args.suite, args.mirror or apt_mirror())
+        after_rootfs = time.monotonic()
+        python = args.python or str(testenv.ensure(run.the_lock, run.store).python)
+        site = make_standin(eng, ref, run.the_lock, python, tar)
+        run.figures.append(
+            f"stand-in base created in {time.monotonic() - started:.0f} s "
+            f"(rootfs {after_rootfs - started:.0f} s, vllm copy + commit {time.monotonic() - after_rootfs:.0f} s)"
+        )
+    output.info(f"      vllm in the stand-in: {site}/vllm")
+    run.ref, run.site = ref, site
+
+
+def check_build(run: Run) -> list[str]:
+    """Check 1: build-image builds the real Dockerfile on the stand-in and verifies inside; the added layers."""
+    output.info("== 1. build the real Dockerfile on the stand-in, verify inside")
+    if build_on_standin(run) != 0:
+        run.failures.append("the build or its in-image verify failed")
+        raise engine.EngineError("stopping: the image did not build")
+    return run.eng.diff_ids(TAG)[len(run.eng.diff_ids(run.ref)) :]
+
+
+def check_rebuild(run: Run, first: list[str]) -> list[str]:
+    """Check 2: a second build without cache gives the same layer digests; its added layers."""
+    output.info("== 2. rebuild without cache: same layer digests")
+    if build_on_standin(run) != 0:
+        run.failures.append("the --no-cache rebuild failed")
+    second = run.eng.diff_ids(TAG)[len(run.eng.diff_ids(run.ref)) :]
+    if first == second:
+        run.figures.append(f"reproducible: {len(first)} added layer digests identical across a --no-cache rebuild")
+    else:
+        run.failures.append(f"layer digests differ across rebuilds: {first} vs {second}")
+    return second
+
+
+def check_tampered_layer(run: Run) -> None:
+    """Check 3: a file tampered in a staged layer (of a copy of the context) fails the build's verify step."""
+    output.info("== 3. a tampered file in a staged layer fails the build")
+    context = run.built_context
+    with tampered_copy(run.proj, context) as (root, victim):
+        args_build = {**context.build_args, "VLLM_SITE_PACKAGES": run.site}
+        code = run.eng.build(root, ["localhost/vllm-overlay-ci:tampered-layer"], args_build, context.source_date_epoch)
+        if code == 0:
+            run.failures.append(f"tampered {victim.relative_to(root)} but the build passed")
+        else:
+            run.figures.append(f"tampered layer file {victim.relative_to(root)}: build failed as it must")
+
+
+PLUGIN_ARGV = ["python3", "-c", "from vllm_overlay_status.plugin import register; register()"]
+TAMPERED = "localhost/vllm-overlay-ci:tampered"
+
+
+def check_tampered_image(run: Run) -> None:
+    """Check 4: the plugin's entry point and the SBOM of the built image; files tampered in it fail verify."""
+    output.info("== 4. tampered files in the built image fail verify and the plugin")
+    eng = run.eng
+    entry_points = "print([p.value for p in e(group='vllm.general_plugins')])"
+    entry = eng.run(TAG, ["python3", "-c", "from importlib.metadata import entry_points as e; " + entry_points])
+    if "vllm_overlay_status_gate:register" not in entry[1]:
+        run.failures.append(f"plugin entry point not registered: {entry[1].strip()}")
+    code, text = eng.run(TAG, ["python3", "-m", "vllm_overlay_status", "sbom"])
+    sbom_problems = [f"exit {code}"] if code != 0 else sbom.problems(text, [p.name for p in run.patches])
+    if sbom_problems:
+        run.failures.append("the image's SBOM: " + "; ".join(sbom_problems))
+    else:
+        run.figures.append(
+            f"SBOM: valid CycloneDX {sbom.SCHEMA.to_version()}, pedigree = the {len(run.patches)} patches"
+        )
+    if eng.run(TAG, PLUGIN_ARGV)[0] != 0:
+        run.failures.append("the plugin fails on the untampered image")
+    replaced = sorted(run.built_context.manifest["files"])
+    for rel in ([replaced[0]] if replaced else []) + ["vllm/testenv.py"]:
+        _tamper_in_image(run, rel, rel in replaced)
+    for ref_ in (TAMPERED, "localhost/vllm-overlay-ci:tampered-layer"):
+        subprocess.run([eng.exe, "rmi", "-f", ref_], capture_output=True, check=False)
+
+
+def _tamper_in_image(run: Run, rel: str, replaced: bool) -> None:
+    """``rel`` tampered in a copy of the built image: verify must fail naming it, the plugin too if it is replaced."""
+    eng = run.eng
+    container = sh(eng.exe, "from", "--pull=never", TAG).splitlines()[-1]
+    try:
+        sh(eng.exe, "run", container, "--", "sh", "-c", f"echo '{TAMPER_LINE.strip()}' >> {run.site}/{rel}")
+        sh(eng.exe, "commit", "-q", container, TAMPERED)
+    finally:
+        subprocess.run([eng.exe, "rm", container], capture_output=True, check=False)
+    code, text = eng.run(TAMPERED, ["python3", "-m", "vllm_overlay_status", "verify"])
+    if code == 0 or rel not in text:
+        run.failures.append(f"tampered {rel} in the image, but verify said (exit {code}): {text.strip()[-300:]}")
+    else:
+        run.figures.append(f"tampered {rel} in the image: verify failed naming it")
+    if replaced:
+        code, text = eng.run(TAMPERED, PLUGIN_ARGV)
+        if code == 0 or "OverlayMismatch" not in text:
+            run.failures.append(f"tampered {rel}, but the plugin did not fail: {text.strip()[-300:]}")
+        else:
+            run.figures.append(f"tampered {rel} in the image: the plugin raised OverlayMismatch")
+
+
+def check_root_build(run: Run, layers: list[str]) -> RootBuild:
+    """Check 5: the project's Dockerfile as `docker build .` builds it, on the tool stand-in; what it compared with."""
+    output.info("== 5. the project's Dockerfile, as `docker build .` builds it: same layers, same labels")
+    eng, args, context = run.eng, run.options, run.built_context
+    if context.root_defaults is None:
+        raise engine.EngineError("--root-build compares at the series' own epoch: unset SOURCE_DATE_EPOCH")
+    tool = TOOL_STANDIN.format(suite=args.tool_suite)
+    if args.rebuild_base and eng.image_exists(tool):
+        sh(eng.exe, "rmi", "-f", tool)
+    if not eng.image_exists(tool):
+        started = time.monotonic()
+        rootfs = rootfs_tar(run.store.root, args.tool_suite, args.mirror or apt_mirror(), TOOL_PACKAGES)
+        make_tool_standin(eng, tool, rootfs, machine_ca_bundle())
+        run.figures.append(f"tool stand-in {tool} created in {time.monotonic() - started:.0f} s")
+    root = RootBuild(run.ref, tool, run.site, context.source_date_epoch, layers, eng.labels(TAG))
+    root_build_checks(run.proj, eng, root, run.failures, run.figures)
+    return root
+
+
+def check_nonroot(run: Run, root: RootBuild) -> None:
+    """Check 6: the project's Dockerfile over a non-root base (vLLM's vllm-openai-nonroot target), IMAGE_USER=vllm."""
+    output.info("== 6. over a non-root base (vLLM's vllm-openai-nonroot target) with IMAGE_USER=vllm")
+    eng = run.eng
+    nonroot = f"{run.ref}-nonroot"
+    make_nonroot_standin(eng, run.ref, nonroot, nonroot_entrypoint(run.the_lock, run.store))
+    # As the README says to build it: docker build . with BASE_IMAGE and IMAGE_USER (the tool
+    # stage comes from check 5's layer cache; check 5 proved what it makes).
+    nonroot_args = {
+        **root_build_args(root),
+        "BASE_IMAGE": nonroot,
+        "IMAGE_USER": NONROOT_USER,
+        "BASE_ENTRYPOINT": NONROOT_ENTRYPOINT,
+    }
+    if eng.build(run.proj.root, [NONROOT_TAG], nonroot_args, run.built_context.source_date_epoch) != 0:
+        run.failures.append("docker build . over the non-root stand-in failed (see the build output above)")
+    else:
+        nonroot_checks(eng, NONROOT_TAG, run.failures, run.figures)
+
+
+def check_engine(run: Run, name: str, first: list[str], root: RootBuild | None) -> None:
+    """Check 7 on ``name`` (docker through a daemon of the check's own, podman with its OCI runtime)."""
+    output.info(f"== 7. {name}: build-image --engine {name}, runs in the image, tamper test, docker build .")
+    buildah = BuildahResult(run.ref, run.site, first, run.eng.labels(TAG), root)
+    started = time.monotonic()
+    other = engine.Engine(name, shutil.which(name) or name, ENGINE_OPTIONS[name])
+    if name == "docker":
+        with dockerd.running(run.store, shutil.which("dockerd") or "dockerd", other.exe):
+            engine_checks(run, other, buildah)
+    else:
+        # buildah's chroot isolation (BUILDAH_ISOLATION, for check 1-6) is not podman's: it runs containers
+        # with its OCI runtime.
+        isolation = os.environ.pop("BUILDAH_ISOLATION", None)
+        try:
+            engine_checks(run, other, buildah)
+        finally:
+            if isolation is not None:
+                os.environ["BUILDAH_ISOLATION"] = isolation
+    run.figures.append(f"{name}: its checks took {time.monotonic() - started:.0f} s")
+
+
+def check_no_container_left(run: Run, before: set[str]) -> None:
+    """A build that fails (check 3's, by design) must not leave its working container, which holds a
+    mounted copy of the base in the store, behind: every CI run would add one."""
+    left = sorted(set(sh(run.eng.exe, "containers", "-q").split()) - before)
+    if left:
+        run.failures.append(f"{len(left)} working container(s) left in the store: {', '.join(left)}")
+    else:
+        run.figures.append("no working container left in the store (failed builds included)")
+
+
+def run_checks(proj: project.Project, options: Options) -> int:
+    """Every check in order (the stand-in, checks 1-4, with --root-build 5 and 6, then 7 per other engine)."""
     failures: list[str] = []
     figures: list[str] = []
     try:
@@ -462,172 +725,24 @@ def run_checks(proj: project.Project, options: Options, build: Build) -> int:
         if os.geteuid() != 0:
             raise engine.EngineError("ci-image needs root (buildah with chroot isolation)")
         store = Store()
-        use_storage(store.root, args.storage_driver)
+        use_storage(store.root, options.storage_driver)
         eng = engine.find_engine("buildah")
-        engines, not_checked = other_engines(args.engines)
+        engines, not_checked = other_engines(options.engines)
         figures += not_checked
-        root_context: RootBuild | None = None
+        run = Run(proj, options, the_lock, patches, store, eng, failures, figures)
         containers_before = set(sh(eng.exe, "containers", "-q").split())
-        ref = STANDIN.format(version=the_lock.version)
-        output.info(f"== stand-in base {ref} (storage: {args.storage_driver})")
-        if args.rebuild_base and eng.image_exists(ref):
-            sh(eng.exe, "rmi", "-f", ref)
-        if eng.image_exists(ref):
-            site = eng.inspect(ref)["OCIv1"]["config"]["Env"]
-            site = next(e.split("=", 1)[1] for e in site if e.startswith("VLLM_STANDIN_SITE="))
-            figures.append("stand-in base: present (cached)")
-        else:
-            started = time.monotonic()
-            tar = rootfs_tar(store.root, args.suite, args.mirror or apt_mirror())
-            after_rootfs = time.monotonic()
-            python = args.python or str(testenv.ensure(the_lock, store).python)
-            site = make_standin(eng, ref, the_lock, python, tar)
-            figures.append(
-                f"stand-in base created in {time.monotonic() - started:.0f} s "
-                f"(rootfs {after_rootfs - started:.0f} s, vllm copy + commit {time.monotonic() - after_rootfs:.0f} s)"
-            )
-        output.info(f"      vllm in the stand-in: {site}/vllm")
-
-        output.info("== 1. build the real Dockerfile on the stand-in, verify inside")
-        # Both builds start from nothing: the layer cache keys on content, not on the timestamps,
-        # so a cached layer of an earlier epoch could make two builds agree (or differ) by accident.
-        if build(ref, site, "--no-cache") != 0:
-            failures.append("the build or its in-image verify failed")
-            raise engine.EngineError("stopping: the image did not build")
-        base_layers = len(eng.diff_ids(ref))
-        first = eng.diff_ids(TAG)[base_layers:]
-
-        output.info("== 2. rebuild without cache: same layer digests")
-        if build(ref, site, "--no-cache") != 0:
-            failures.append("the --no-cache rebuild failed")
-        second = eng.diff_ids(TAG)[base_layers:]
-        if first == second:
-            figures.append(f"reproducible: {len(first)} added layer digests identical across a --no-cache rebuild")
-        else:
-            failures.append(f"layer digests differ across rebuilds: {first} vs {second}")
-
-        output.info("== 3. a tampered file in a staged layer fails the build")
-        staging = build_context.stage(proj, the_lock, patches, base_image=ref)
-        victim = next(  # a file of the last layer: no later layer masks the change
-            (staging.root / "layers" / layer.layer / f.path for layer in staging.layers[::-1] for f in layer.files),
-            staging.root / "overlay" / "vllm_overlay_status" / "plugin.py",
-        )
-        with open(victim, "a") as handle:
-            handle.write(TAMPER_LINE)
-        args_build = {**staging.build_args, "VLLM_SITE_PACKAGES": site}
-        code = eng.build(
-            staging.root, ["localhost/vllm-overlay-ci:tampered-layer"], args_build, staging.source_date_epoch
-        )
-        if code == 0:
-            failures.append(f"tampered {victim.relative_to(staging.root)} but the build passed")
-        else:
-            figures.append(f"tampered layer file {victim.relative_to(staging.root)}: build failed as it must")
-        build_context.stage(proj, the_lock, patches, base_image=ref)  # leave build/image as it should be
-
-        output.info("== 4. tampered files in the built image fail verify and the plugin")
-        entry = eng.run(
-            TAG,
-            [
-                "python3",
-                "-c",
-                "from importlib.metadata import entry_points as e; "
-                "print([p.value for p in e(group='vllm.general_plugins')])",
-            ],
-        )
-        if "vllm_overlay_status_gate:register" not in entry[1]:
-            failures.append(f"plugin entry point not registered: {entry[1].strip()}")
-        code, text = eng.run(TAG, ["python3", "-m", "vllm_overlay_status", "sbom"])
-        sbom_problems = [f"exit {code}"] if code != 0 else sbom.problems(text, [p.name for p in patches])
-        if sbom_problems:
-            failures.append("the image's SBOM: " + "; ".join(sbom_problems))
-        else:
-            figures.append(f"SBOM: valid CycloneDX {sbom.SCHEMA.to_version()}, pedigree = the {len(patches)} patches")
-        plugin = ["python3", "-c", "from vllm_overlay_status.plugin import register; register()"]
-        if eng.run(TAG, plugin)[0] != 0:
-            failures.append("the plugin fails on the untampered image")
-        replaced = sorted(staging.manifest["files"])
-        victims = ([replaced[0]] if replaced else []) + ["vllm/testenv.py"]
-        for rel in victims:
-            container = sh(eng.exe, "from", "--pull=never", TAG).splitlines()[-1]
-            try:
-                sh(eng.exe, "run", container, "--", "sh", "-c", f"echo '{TAMPER_LINE.strip()}' >> {site}/{rel}")
-                sh(eng.exe, "commit", "-q", container, "localhost/vllm-overlay-ci:tampered")
-            finally:
-                subprocess.run([eng.exe, "rm", container], capture_output=True, check=False)
-            code, text = eng.run(
-                "localhost/vllm-overlay-ci:tampered", ["python3", "-m", "vllm_overlay_status", "verify"]
-            )
-            if code == 0 or rel not in text:
-                failures.append(f"tampered {rel} in the image, but verify said (exit {code}): {text.strip()[-300:]}")
-            else:
-                figures.append(f"tampered {rel} in the image: verify failed naming it")
-            if rel in replaced:
-                code, text = eng.run("localhost/vllm-overlay-ci:tampered", plugin)
-                if code == 0 or "OverlayMismatch" not in text:
-                    failures.append(f"tampered {rel}, but the plugin did not fail: {text.strip()[-300:]}")
-                else:
-                    figures.append(f"tampered {rel} in the image: the plugin raised OverlayMismatch")
-        for ref_ in ("localhost/vllm-overlay-ci:tampered", "localhost/vllm-overlay-ci:tampered-layer"):
-            subprocess.run([eng.exe, "rmi", "-f", ref_], capture_output=True, check=False)
-
-        if args.root_build:
-            output.info("== 5. the project's Dockerfile, as `docker build .` builds it: same layers, same labels")
-            if staging.root_defaults is None:
-                raise engine.EngineError("--root-build compares at the series' own epoch: unset SOURCE_DATE_EPOCH")
-            tool = TOOL_STANDIN.format(suite=args.tool_suite)
-            if args.rebuild_base and eng.image_exists(tool):
-                sh(eng.exe, "rmi", "-f", tool)
-            if not eng.image_exists(tool):
-                started = time.monotonic()
-                rootfs = rootfs_tar(store.root, args.tool_suite, args.mirror or apt_mirror(), TOOL_PACKAGES)
-                make_tool_standin(eng, tool, rootfs, machine_ca_bundle())
-                figures.append(f"tool stand-in {tool} created in {time.monotonic() - started:.0f} s")
-            context = RootBuild(ref, tool, site, staging.source_date_epoch, second, eng.labels(TAG))
-            root_context = context
-            root_build_checks(proj, eng, context, failures, figures)
-
-            output.info("== 6. over a non-root base (vLLM's vllm-openai-nonroot target) with IMAGE_USER=vllm")
-            nonroot = f"{ref}-nonroot"
-            make_nonroot_standin(eng, ref, nonroot, nonroot_entrypoint(the_lock, store))
-            # As the README says to build it: docker build . with BASE_IMAGE and IMAGE_USER (the tool
-            # stage comes from check 5's layer cache; check 5 proved what it makes).
-            nonroot_args = {
-                **root_build_args(context),
-                "BASE_IMAGE": nonroot,
-                "IMAGE_USER": NONROOT_USER,
-                "BASE_ENTRYPOINT": NONROOT_ENTRYPOINT,
-            }
-            if eng.build(proj.root, [NONROOT_TAG], nonroot_args, staging.source_date_epoch) != 0:
-                failures.append("docker build . over the non-root stand-in failed (see the build output above)")
-            else:
-                nonroot_checks(eng, NONROOT_TAG, failures, figures)
-
+        standin_base(run)
+        first = check_build(run)
+        second = check_rebuild(run, first)
+        check_tampered_layer(run)
+        check_tampered_image(run)
+        root = None
+        if options.root_build:
+            root = check_root_build(run, second)
+            check_nonroot(run, root)
         for name in engines:
-            output.info(f"== 7. {name}: build-image --engine {name}, runs in the image, tamper test, docker build .")
-            context = BuildahResult(ref, site, first, eng.labels(TAG), root_context)
-            started = time.monotonic()
-            other = engine.Engine(name, shutil.which(name) or name, ENGINE_OPTIONS[name])
-            if name == "docker":
-                with dockerd.running(store, shutil.which("dockerd") or "dockerd", other.exe):
-                    engine_checks(proj, the_lock, patches, other, build, context, store, failures, figures)
-            else:
-                # buildah's chroot isolation (BUILDAH_ISOLATION, for check 1-6) is not podman's: it runs containers
-                # with its OCI runtime.
-                isolation = os.environ.pop("BUILDAH_ISOLATION", None)
-                try:
-                    engine_checks(proj, the_lock, patches, other, build, context, store, failures, figures)
-                finally:
-                    if isolation is not None:
-                        os.environ["BUILDAH_ISOLATION"] = isolation
-            figures.append(f"{name}: its checks took {time.monotonic() - started:.0f} s")
-
-        # A build that fails (check 3's, by design) must not leave its working container, which
-        # holds a mounted copy of the base in the store, behind: every CI run would add one.
-        left = sorted(set(sh(eng.exe, "containers", "-q").split()) - containers_before)
-        if left:
-            failures.append(f"{len(left)} working container(s) left in the store: {', '.join(left)}")
-        else:
-            figures.append("no working container left in the store (failed builds included)")
+            check_engine(run, name, first, root)
+        check_no_container_left(run, containers_before)
     except (lock.LockError, series.SeriesError, build_context.ImageError, engine.EngineError, FileNotFoundError) as exc:
         output.error(str(exc))
         for line in figures:
