@@ -25,8 +25,6 @@ SERIES_FILE = "series"
 REQUIRED_FIELDS = ("Description", "Origin", "Last-Update", "Series", "Tests", "Upstream-Tests", "Targets")
 ONE_OF_FIELDS = (("Bug", "Forwarded"),)
 MULTI_VALUE_FIELDS = ("Tests", "Upstream-Tests", "Targets")
-# Added on apply so export knows which file a commit came from; never written to a patch file.
-PATCH_FILE_TRAILER = "Patch-File"
 SERIES_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 
 

@@ -9,7 +9,7 @@ import git as gitpython
 
 from tests.tool.conftest import git, replace_line, write_upstream
 from tests.tool.test_apply import change_line_20, run_apply, statuses
-from vllm_overlay import series
+from vllm_overlay import patched_repo, series
 
 
 def to_crlf(path: Path) -> None:
@@ -74,5 +74,5 @@ def test_bump_marks_a_crlf_mail_with_its_file_before_the_diff(project, make_patc
     crlf = bump.with_patch_file_trailer(series.load_patch(project / "patches", "demo/core-change-line-20.patch"))
     assert crlf == lf
     head, sep, diff = crlf.decode().partition("\n---\n")
-    assert sep and head.endswith(f"\n{series.PATCH_FILE_TRAILER}: demo/core-change-line-20.patch")
+    assert sep and head.endswith(f"\n{patched_repo.PATCH_FILE_TRAILER}: demo/core-change-line-20.patch")
     assert "diff --git a/vllm/core.py b/vllm/core.py" in diff
