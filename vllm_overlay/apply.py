@@ -18,13 +18,11 @@ from pathlib import Path
 
 import git
 
-from vllm_overlay import apply_record, faults, interrupts, linkcopy, paths, staging
+from vllm_overlay import apply_record, faults, interrupts, linkcopy, patched_repo, paths, staging
 from vllm_overlay.classify import FUZZ_CONTEXT, PatchResult, Status, apply_check, classify
 from vllm_overlay.errors import InputError
-from vllm_overlay.series import PATCH_FILE_TRAILER, Patch, as_git_am_reads
+from vllm_overlay.series import Patch, as_git_am_reads
 from vllm_overlay.upstream_trees import Upstream
-
-CONFIG_UPSTREAM = "vllm-overlay.upstream"
 
 
 @dataclass(frozen=True)
@@ -67,10 +65,6 @@ class Report:
             "ok": self.ok,
             "patches": [r.to_json() for r in self.results],
         }
-
-
-# Set in a tree that holds only a selection of the series (apply-patches --only).
-CONFIG_PARTIAL = "vllm-overlay.partial"
 
 
 class ApplyError(InputError, RuntimeError):
@@ -116,7 +110,7 @@ def commit_patch(repo: git.Repo, patch: Patch, mail: Path, status: Status) -> st
         flags.append(f"-C{FUZZ_CONTEXT}")
     if status is Status.MERGED_3WAY:
         flags.append("--3way")
-    trailer = f"--trailer={PATCH_FILE_TRAILER}: {patch.name}"
+    trailer = f"--trailer={patched_repo.patch_file_trailer(patch.name)}"
     with repo.git.custom_environment(**_committer_env(repo, mail)):
         if patch.trailers:
             with_trailer = mail.with_name(mail.name + ".commit")
@@ -333,9 +327,7 @@ def _apply_in(
     """Check out ``upstream`` in the staging area and classify (and commit, where accepted) each patch."""
     mails = write_mails(patches, area.mails)
     repo = checkout(area.tree)
-    repo.git.config(CONFIG_UPSTREAM, upstream.commit)
-    if partial:
-        repo.git.config(CONFIG_PARTIAL, "true")
+    patched_repo.record_upstream(repo, upstream.commit, partial=partial)
     faults.phase("checked-out")
     return _apply_each(repo, area, patches, mails, upstream, options, progress, seed_base, 0)
 

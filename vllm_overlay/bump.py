@@ -24,11 +24,11 @@ from pathlib import Path
 import git
 from packaging.version import InvalidVersion, Version
 
-from vllm_overlay import apply, export, upstream_trees
+from vllm_overlay import apply, export, patched_repo, upstream_trees
 from vllm_overlay import lock as lockfile
 from vllm_overlay.audit import dependencies
 from vllm_overlay.lock import Artifact, Lock
-from vllm_overlay.series import PATCH_FILE_TRAILER, Patch, as_git_am_reads
+from vllm_overlay.series import Patch, as_git_am_reads
 from vllm_overlay.store import Store
 
 STATE_FILE = "vllm-overlay-bump.json"
@@ -93,7 +93,7 @@ def with_patch_file_trailer(patch: Patch) -> bytes:
     """
     text = as_git_am_reads(patch.raw).decode("utf-8")
     head, sep, rest = text.partition("\n---\n")
-    return (head.rstrip("\n") + f"\n{PATCH_FILE_TRAILER}: {patch.name}" + sep + rest).encode("utf-8")
+    return (head.rstrip("\n") + "\n" + patched_repo.patch_file_trailer(patch.name) + sep + rest).encode("utf-8")
 
 
 def conflict_markers(repo: git.Repo) -> list[str]:
@@ -164,7 +164,7 @@ def start(
         shutil.rmtree(repo_dir)
     repo = upstream_trees.checkout(store, upstream, repo_dir)
     BumpState(spec, upstream.to_json()).save(repo_dir)  # first: from now on --abort knows it is ours
-    repo.git.config(apply.CONFIG_UPSTREAM, upstream.commit)
+    patched_repo.record_upstream(repo, upstream.commit)
     enable_rerere(repo, repo_dir)
     apply.seed_preimages(repo, seed_base, patches)
     queue = Path(repo.git_dir) / "vllm-overlay-patches"

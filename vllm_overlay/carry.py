@@ -17,7 +17,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_overlay import apply, lock, series, upstream_trees
+from vllm_overlay import apply, lock, patched_repo, series, upstream_trees
 from vllm_overlay.cpu_runtime import RuntimeLock
 from vllm_overlay.image import build_context, labels
 from vllm_overlay.project import Project
@@ -134,8 +134,8 @@ def range_diff(main_tree: Path, carried_tree: Path) -> str:
     """
     ref = "refs/vllm-overlay/carried"
     subprocess.run(["git", "-C", str(main_tree), "fetch", "-q", str(carried_tree), f"+HEAD:{ref}"], check=True)
-    main_base = _git(main_tree, "config", apply.CONFIG_UPSTREAM)
-    carried_base = _git(carried_tree, "config", apply.CONFIG_UPSTREAM)
+    main_base = patched_repo.upstream_base(main_tree)
+    carried_base = patched_repo.upstream_base(carried_tree)
     return _git(main_tree, "range-diff", "--no-color", f"{main_base}..HEAD", f"{carried_base}..{ref}", check=False)
 
 

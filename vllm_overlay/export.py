@@ -16,11 +16,10 @@ from pathlib import Path
 
 import git
 
-from vllm_overlay import atomicfile, faults, interrupts, upstream_trees
-from vllm_overlay.apply import CONFIG_PARTIAL, CONFIG_UPSTREAM
+from vllm_overlay import atomicfile, faults, interrupts, patched_repo, upstream_trees
 from vllm_overlay.errors import InputError
+from vllm_overlay.patched_repo import PATCH_FILE_TRAILER
 from vllm_overlay.series import (
-    PATCH_FILE_TRAILER,
     SERIES_FILE,
     SERIES_NAME_RE,
     message_problem,
@@ -67,27 +66,18 @@ def slugify(subject: str, limit: int = 60) -> str:
     return slug[:limit] or "patch"
 
 
-def _trailer(message: str, key: str) -> str | None:
-    for line in reversed(message.splitlines()):
-        name, sep, value = line.partition(":")
-        if sep and name.strip().lower() == key.lower():
-            return value.strip()
-    return None
-
-
 def _drop_patch_file_trailer(text: str) -> str:
     head, sep, rest = text.partition("\n---\n")
     head = re.sub(rf"^{PATCH_FILE_TRAILER}: .*\n?", "", head + "\n", flags=re.M).rstrip("\n")
     return head + sep + rest
 
 
-def upstream_base(repo: git.Repo) -> str:
+def _upstream_base(repo: git.Repo) -> str:
+    """patched_repo.upstream_base, refused as an ExportError (what export's callers catch)."""
     try:
-        return repo.git.config("--get", CONFIG_UPSTREAM)
-    except git.GitCommandError as exc:
-        raise ExportError(
-            f"{repo.working_tree_dir}: not made by apply-patches (no {CONFIG_UPSTREAM} in its git config)"
-        ) from exc
+        return patched_repo.upstream_base(repo)
+    except patched_repo.NoUpstream as exc:
+        raise ExportError(str(exc)) from None
 
 
 # What git leaves in the git directory while an operation is stopped half-way.
@@ -137,7 +127,7 @@ def _confined_patch_file(name: str, series: str | None, sha: str) -> str:
 def base_release(repo_dir: Path) -> tuple[str, list[str], str | None]:
     """The tree's upstream commit, the release tags on it, and the version its vllm/_version.py records."""
     repo = git.Repo(repo_dir)
-    base = upstream_base(repo)
+    base = _upstream_base(repo)
     tags = repo.git.tag("--points-at", base).split()
     file_version = upstream_trees.version_field(
         upstream_trees.version_file_of_commit(repo, base), upstream_trees.VERSION_RE_IN_FILE
@@ -147,7 +137,7 @@ def base_release(repo_dir: Path) -> tuple[str, list[str], str | None]:
 
 def is_on_release(tags: list[str], file_version: str | None, version: str) -> bool:
     """The one rule (export and the image): tagged ``upstream/<version>``, or that version's tree."""
-    return f"upstream/{version}" in tags or file_version == version
+    return patched_repo.upstream_tag(version) in tags or file_version == version
 
 
 def check_locked_upstream(repo_dir: Path, version: str) -> None:
@@ -191,11 +181,10 @@ def export_commits(repo_dir: Path) -> list[ExportedPatch]:
         raise ExportError(f"{repo_dir}: {operation} is in progress; finish or abort it first")
     if repo.is_dirty(untracked_files=False):
         raise ExportError(f"{repo_dir}: uncommitted changes; commit (or amend) them first")
-    base = upstream_base(repo)
-    commits = repo.git.rev_list("--reverse", "--topo-order", f"{base}..HEAD").split()
     exported: list[ExportedPatch] = []
     used: set[str] = set()
-    for sha in commits:
+    for each in patched_repo.patch_commits(repo, _upstream_base(repo)):
+        sha = each.commit
         problem = _unexportable(repo, sha)
         if problem:
             raise ExportError(f"commit {sha[:12]} ({repo.commit(sha).summary}) {problem}; nothing was written")
@@ -203,8 +192,8 @@ def export_commits(repo_dir: Path) -> list[ExportedPatch]:
         problem = message_problem(message.split("\n", 1)[1] if "\n" in message else "")
         if problem:
             raise ExportError(f"commit {sha[:12]} ({repo.commit(sha).summary}): {problem}; nothing was written")
-        name = _trailer(message, PATCH_FILE_TRAILER)
-        series = _trailer(message, "Series")
+        name = each.patch_file
+        series = patched_repo.trailer_value(repo, sha, "Series")
         if name is not None:
             name = _confined_patch_file(name, series, sha)
         else:
@@ -249,10 +238,7 @@ def rendered_partial(exported: list[ExportedPatch], patches_dir: Path) -> dict[s
 
 def is_partial(repo_dir: Path) -> bool:
     """True for a tree apply-patches --only made: it holds a selection of the series, not all of it."""
-    try:
-        return git.Repo(repo_dir).git.config("--get", "--type=bool", CONFIG_PARTIAL) == "true"
-    except git.GitCommandError:
-        return False
+    return patched_repo.is_partial(repo_dir)
 
 
 def stale_files(patches_dir: Path, wanted: dict[str, bytes]) -> list[str]:
@@ -341,7 +327,7 @@ def unexported_work(tree: Path, patches_dir: Path, published_head: str | None) -
     except ExportError as exc:
         return [f"commits that cannot be exported as they are ({exc})"]
     if differences(patches_dir, wanted):
-        base = upstream_base(repo)
+        base = _upstream_base(repo)
         commits = repo.git.log("--format=%h %s", f"{base}..HEAD").splitlines()
         lost.append(f"commits not exported to patches/ ({len(commits)} after upstream; newest: {commits[0]})")
     return lost

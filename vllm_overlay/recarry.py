@@ -32,7 +32,7 @@ from pathlib import Path
 import git
 import unidiff
 
-from vllm_overlay import atomicfile, bump, carry, export, lock, series, upstream_trees
+from vllm_overlay import atomicfile, bump, carry, export, lock, patched_repo, series, upstream_trees
 from vllm_overlay.store import Store
 
 WORK_DIR = "carry-cpu"
@@ -104,22 +104,12 @@ def recorded_digests(root: Path) -> dict[str, str]:
     return found
 
 
-def _patch_file(message: str) -> str | None:
-    for line in reversed(message.splitlines()):
-        key, sep, value = line.partition(":")
-        if sep and key.strip() == series.PATCH_FILE_TRAILER:
-            return value.strip()
-    return None
-
-
 def previous_commits(previous: git.Repo) -> dict[str, git.Commit]:
-    """The earlier carry's commits by the patch file they were applied from."""
-    base = previous.git.config("--get", "vllm-overlay.upstream")
-    found = {}
-    for commit in previous.iter_commits(f"{base}..HEAD"):
-        name = _patch_file(str(commit.message))
-        if name:
-            found[name] = commit
+    """The earlier carry's commits by the patch file they were applied from (the oldest, if two)."""
+    found: dict[str, git.Commit] = {}
+    for each in patched_repo.patch_commits(previous):
+        if each.patch_file:
+            found.setdefault(each.patch_file, previous.commit(each.commit))
     return found
 
 
@@ -135,9 +125,7 @@ def source_files(repo: git.Repo) -> set[str]:
 
 
 def changed_files(commit: git.Commit) -> set[str]:
-    return {str(d.a_path) for d in commit.parents[0].diff(commit)} | {
-        str(d.b_path) for d in commit.parents[0].diff(commit)
-    }
+    return {change.path for change in patched_repo.commit_changes(commit.repo, commit.hexsha)}
 
 
 def _blob(tree: git.Tree, path: str) -> str | None:
@@ -175,7 +163,9 @@ def why_not_reusable(
 def current_patch(repo: git.Repo) -> str | None:
     """The patch file of the mail git am stopped at (its Patch-File trailer, which bump adds)."""
     final = Path(repo.git_dir) / "rebase-apply" / "final-commit"
-    return _patch_file(final.read_text(encoding="utf-8")) if final.is_file() else None
+    if not final.is_file():
+        return None
+    return patched_repo.message_patch_file(repo, final.read_text(encoding="utf-8"))
 
 
 def fetch_previous(repo: git.Repo, previous: Path) -> None:

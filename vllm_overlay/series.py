@@ -32,8 +32,6 @@ MESSAGE_HEADINGS = ("Why", "How", "Configurations covered", "Tests", "Upstream s
 # "(reason: WHY; drop when: CONDITION)".
 FORWARDED_URL_RE = re.compile(r"^https?://\S+$")
 FORWARDED_NOT_RE = re.compile(r"^(?:no|not-needed) \(reason: (?P<reason>.+?); drop when: (?P<drop>.+)\)$")
-# Added on apply so export knows which file a commit came from; never written to a patch file.
-PATCH_FILE_TRAILER = "Patch-File"
 SERIES_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import git as gitpython
 
 from tests.tool.helpers import change_line_20, git, replace_line, run_apply, statuses, write_upstream
-from vllm_overlay import series
+from vllm_overlay import patched_repo, series
 
 
 def to_crlf(path: Path) -> None:
@@ -73,5 +73,5 @@ def test_bump_marks_a_crlf_mail_with_its_file_before_the_diff(project, make_patc
     crlf = bump.with_patch_file_trailer(series.load_patch(project / "patches", "demo/core-change-line-20.patch"))
     assert crlf == lf
     head, sep, diff = crlf.decode().partition("\n---\n")
-    assert sep and head.endswith(f"\n{series.PATCH_FILE_TRAILER}: demo/core-change-line-20.patch")
+    assert sep and head.endswith(f"\n{patched_repo.PATCH_FILE_TRAILER}: demo/core-change-line-20.patch")
     assert "diff --git a/vllm/core.py b/vllm/core.py" in diff

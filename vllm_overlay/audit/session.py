@@ -12,7 +12,7 @@ from pathlib import Path
 
 import git
 
-from vllm_overlay import apply, upstream_trees
+from vllm_overlay import apply, patched_repo, upstream_trees
 from vllm_overlay.audit import decisions, dependencies, review, targets
 from vllm_overlay.lock import Lock
 from vllm_overlay.series import Patch
@@ -110,8 +110,8 @@ def range_diff(old_repo: Path, new_repo: Path) -> str:
     """
     new = git.Repo(new_repo)
     new.git.fetch("--quiet", "--no-tags", str(old_repo), "+HEAD:refs/vllm-overlay/old-series")
-    old_base = git.Repo(old_repo).git.config("--get", apply.CONFIG_UPSTREAM)
-    new_base = new.git.config("--get", apply.CONFIG_UPSTREAM)
+    old_base = patched_repo.upstream_base(old_repo)
+    new_base = patched_repo.upstream_base(new)
     plain = new.git.range_diff(
         "--no-color", f"{old_base}..refs/vllm-overlay/old-series", f"{new_base}..HEAD", strip_newline_in_stdout=False
     )

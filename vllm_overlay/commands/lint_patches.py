@@ -58,13 +58,13 @@ def run(args: argparse.Namespace) -> int:
 def _upstream_style(tree: Path) -> int:
     import git
 
-    from vllm_overlay import export, upstream_style
+    from vllm_overlay import patched_repo, upstream_style
 
     try:
-        base = export.upstream_base(git.Repo(tree))
+        base = patched_repo.upstream_base(git.Repo(tree))
         report = upstream_style.check(tree, base)
     except (
-        export.ExportError,
+        patched_repo.NoUpstream,
         upstream_style.UpstreamStyleError,
         git.InvalidGitRepositoryError,
         git.NoSuchPathError,

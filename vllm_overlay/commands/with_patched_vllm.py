@@ -21,8 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--base",
         default=None,
-        help="upstream revision the tree is compared with (default: the newest upstream/* tag, as "
-        "apply-patches writes, or upstream-* tag that HEAD descends from)",
+        help="upstream revision the tree is compared with (default: the upstream commit apply-patches "
+        "recorded, else the newest upstream/* or upstream-* tag that HEAD descends from)",
     )
     parser.add_argument(
         "--python",
@@ -34,16 +34,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def upstream_base(repo: git.Repo) -> str:
-    """The newest upstream tag HEAD descends from.
+    """The tree's upstream base (``patched_repo.upstream_base``: the commit apply-patches recorded,
+    else the newest ``upstream/*`` or ``upstream-*`` tag below HEAD), named by its upstream tag."""
+    from vllm_overlay import patched_repo
 
-    apply-patches tags its root commit ``upstream/<label>`` and its repository also carries the
-    store's other upstream tags, which are separate roots; hand-made clones often use ``upstream-*``.
-    """
-    head = repo.head.commit
-    tags = [t for t in repo.tags if t.name.startswith(("upstream/", "upstream-")) and repo.is_ancestor(t.commit, head)]
-    if not tags:
-        raise SystemExit(f"{repo.working_tree_dir}: no upstream/* or upstream-* tag below HEAD; pass --base")
-    return max(tags, key=lambda t: t.commit.committed_date).name
+    try:
+        return patched_repo.base_name(repo, patched_repo.upstream_base(repo))
+    except patched_repo.NoUpstream as exc:
+        raise SystemExit(f"{exc}; pass --base") from None
 
 
 def changed_package_files(tree: Path, base: str | None) -> list[str]:

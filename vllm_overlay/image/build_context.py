@@ -20,32 +20,29 @@ the manifest holds no time or host-dependent value.
 
 from __future__ import annotations
 
-import codecs
 import json
 import os
 import shutil
-import subprocess
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from pathlib import Path, PurePosixPath
 
 import git
-import unidiff
 
-from vllm_overlay import export, record, staging
+from vllm_overlay import export, patched_repo, record, staging
 from vllm_overlay.image import dockerfile, labels, sbom
 from vllm_overlay.image.errors import ImageError
 from vllm_overlay.image.labels import sha256_bytes
 from vllm_overlay.lock import Lock
+from vllm_overlay.patched_repo import PATCH_FILE_TRAILER
 from vllm_overlay.project import Project
-from vllm_overlay.series import PATCH_FILE_TRAILER, Patch, series_names
+from vllm_overlay.series import Patch, series_names
 
 STATUS_PACKAGE = "vllm_overlay_status"
 MANIFEST_NAME = "manifest.json"
 RECORD_COPY = "_record.py"
 PACKAGE_DIR = "vllm"
 SKIP_NAMES = {"__pycache__", ".ruff_cache", ".pytest_cache", ".mypy_cache"}
-ZERO_BLOB = "0" * 40
 
 
 @dataclass(frozen=True)
@@ -102,63 +99,24 @@ class BuildContext:
 
 
 def _git(repo: Path, *args: str, binary: bool = False) -> str | bytes:
-    result = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, check=False)
-    if result.returncode != 0:
-        raise ImageError(f"git {' '.join(args)} in {repo}: {result.stderr.decode(errors='replace').strip()}")
-    return result.stdout if binary else result.stdout.decode()
+    """patched_repo.git, its failure an ImageError."""
+    try:
+        return patched_repo.git(repo, *args, binary=binary)  # type: ignore[call-overload]
+    except patched_repo.GitError as exc:
+        raise ImageError(str(exc)) from None
 
 
 # --- reading the patched repository -------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Change:
-    path: str
-    status: str  # A, M, D (no rename detection)
-    new_blob: str
-    new_mode: str
+Change = patched_repo.Change
 
 
 def _commit_changes(repo: Path, commit: str) -> list[Change]:
-    raw = _git(repo, "diff-tree", "-r", "-z", "--no-renames", "--no-commit-id", "--root", f"{commit}^", commit)
-    fields = raw.split("\0")
-    changes = []
-    for meta, path in zip(fields[0::2], fields[1::2], strict=False):
-        if not meta.startswith(":"):
-            continue
-        _old_mode, new_mode, _old_blob, new_blob, status = meta[1:].split(" ")
-        changes.append(Change(path, status[0], new_blob, new_mode))
-    return changes
-
-
-def _changed_lines(diff: unidiff.PatchSet) -> dict[str, list[tuple[str, str]]]:
-    """Per file, the added and removed lines in order: what a patch does, whatever its context."""
-    return {
-        f.path: [(line.line_type, line.value) for hunk in f for line in hunk if line.is_added or line.is_removed]
-        for f in diff
-    }
-
-
-def git_path(name: str) -> str:
-    """A path as git means it: ``"caf\\303\\251.py"`` (git's C-quoting of unusual names) unquoted."""
-    if len(name) >= 2 and name[0] == name[-1] == '"':
-        return codecs.escape_decode(name[1:-1].encode("ascii", "backslashreplace"))[0].decode(
-            "utf-8", "surrogateescape"
-        )
-    return name
-
-
-def _patch_post_images(patch: Patch) -> dict[str, str | None]:
-    """``{path: blob id}`` the patch file says each touched file has after it (its index lines).
-
-    Read with unidiff, paths unquoted as git quotes them (spaces, non-ASCII letters, newlines). A
-    change without an index line (mode only) claims no blob: None.
-    """
-    claimed: dict[str, str | None] = {}
-    for patched in unidiff.PatchSet(patch.raw.decode("utf-8", errors="replace")):
-        index = next((line for line in patched.patch_info if line.startswith("index ")), None)
-        claimed[git_path(patched.path)] = index.split()[1].split("..")[1] if index else None
-    return claimed
+    try:
+        return patched_repo.commit_changes(repo, commit)
+    except patched_repo.GitError as exc:
+        raise ImageError(str(exc)) from None
 
 
 def read_patched_repo(tree: Path, patches: list[Patch], lock: Lock) -> tuple[str, list[tuple[Patch, str]]]:
@@ -176,11 +134,12 @@ def read_patched_repo(tree: Path, patches: list[Patch], lock: Lock) -> tuple[str
         )
     if _git(tree, "status", "--porcelain", "--untracked-files=no").strip():
         raise ImageError(f"{tree} has uncommitted changes; commit them and export-patches, or re-run apply-patches")
-    commits = _git(tree, "rev-list", "--reverse", "--first-parent", f"{upstream}..HEAD").split()
-    names = []
-    for commit in commits:
-        trailer = _git(tree, "log", "-1", f"--format=%(trailers:key={PATCH_FILE_TRAILER},valueonly)", commit).strip()
-        names.append(trailer or f"<commit {commit[:12]} without a {PATCH_FILE_TRAILER} trailer>")
+    try:
+        found = patched_repo.patch_commits(tree, upstream, first_parent=True)
+    except patched_repo.GitError as exc:
+        raise ImageError(str(exc)) from None
+    commits = [each.commit for each in found]
+    names = [each.patch_file or f"<commit {each.commit[:12]} without a {PATCH_FILE_TRAILER} trailer>" for each in found]
     expected = [p.name for p in patches]
     if names != expected:
         raise ImageError(
@@ -189,22 +148,10 @@ def read_patched_repo(tree: Path, patches: list[Patch], lock: Lock) -> tuple[str
         )
     paired = list(zip(patches, commits, strict=True))
     for patch, commit in paired:
-        claimed = _patch_post_images(patch)
-        actual = {c.path: (ZERO_BLOB if c.status == "D" else c.new_blob) for c in _commit_changes(tree, commit)}
-        stale = sorted(
-            path
-            for path in set(claimed) | set(actual)
-            if path not in claimed
-            or path not in actual
-            or (claimed[path] is not None and not actual[path].startswith(claimed[path]))
-        )
-        if not stale:
-            committed = unidiff.PatchSet(_git(tree, "show", "--format=", "--no-renames", "--full-index", commit))
-            stale = sorted(
-                path
-                for path, lines in _changed_lines(committed).items()
-                if _changed_lines(patch.diff).get(path) != lines
-            )
+        try:
+            stale = patched_repo.differs_from_patch(tree, patch, commit)
+        except patched_repo.GitError as exc:
+            raise ImageError(str(exc)) from None
         if stale:
             raise ImageError(
                 f"{patch.name} differs from its commit {commit[:12]} in {tree} ({', '.join(stale)}); the patch file "
@@ -323,8 +270,11 @@ def _fix_metadata(root: Path, epoch: int) -> None:
 
 
 def _project_git(project: Project, *args: str) -> str | None:
-    result = subprocess.run(["git", "-C", str(project.root), *args], capture_output=True, text=True, check=False)
-    return result.stdout.strip() if result.returncode == 0 and result.stdout.strip() else None
+    """A git answer about the project's own repository (None: git failed or said nothing)."""
+    try:
+        return patched_repo.git(project.root, *args).strip() or None
+    except patched_repo.GitError:
+        return None
 
 
 def series_epoch(patches: list[Patch]) -> int:

@@ -15,28 +15,7 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_overlay import safetar, shadow
-
-
-def git(repo: Path, *args: str, binary: bool = False) -> str | bytes:
-    out = subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
-    return out.stdout if binary else out.stdout.decode("utf-8")
-
-
-def tree_id(repo: Path, commit: str) -> str:
-    return str(git(repo, "rev-parse", f"{commit}^{{tree}}")).strip()
-
-
-def changed_files(repo: Path, base: str, commit: str, *pathspec: str) -> tuple[list[str], list[str]]:
-    """(present, deleted) paths that differ between ``base`` and ``commit``."""
-    if base == commit:
-        return [], []
-    text = str(git(repo, "diff", "--name-status", "--no-renames", "-z", base, commit, "--", *pathspec))
-    fields = [f for f in text.split("\0") if f]
-    present, deleted = [], []
-    for status, path in zip(fields[0::2], fields[1::2], strict=True):
-        (deleted if status.startswith("D") else present).append(path)
-    return sorted(present), sorted(deleted)
+from vllm_overlay import patched_repo, safetar, shadow
 
 
 def extract(repo: Path, commit: str, paths: list[str], dest: Path) -> dict[str, Path]:
@@ -45,7 +24,7 @@ def extract(repo: Path, commit: str, paths: list[str], dest: Path) -> dict[str, 
     for rel in paths:
         target = dest / rel
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(bytes(git(repo, "cat-file", "blob", f"{commit}:{rel}", binary=True)))
+        target.write_bytes(patched_repo.git(repo, "cat-file", "blob", f"{commit}:{rel}", binary=True))
         result[rel] = target
     return result
 
@@ -90,7 +69,7 @@ class Trees:
 
     def tree_id(self, step: int) -> str:
         if step not in self._tree_ids:
-            self._tree_ids[step] = tree_id(self.repo, self.commit_of(step))
+            self._tree_ids[step] = patched_repo.tree_id(self.repo, self.commit_of(step))
         return self._tree_ids[step]
 
     def pristine_tests_root(self) -> Path:
@@ -98,7 +77,7 @@ class Trees:
         marker = root / ".complete"
         if not marker.exists():
             shutil.rmtree(root, ignore_errors=True)
-            present = str(git(self.repo, "ls-tree", "--name-only", self.upstream_commit)).split()
+            present = patched_repo.git(self.repo, "ls-tree", "--name-only", self.upstream_commit).split()
             wanted = [p for p in ("tests", "pyproject.toml") if p in present]
             if "tests" not in wanted:
                 raise RuntimeError(f"upstream {self.upstream_commit[:12]} has no tests/ directory")
@@ -116,7 +95,7 @@ class Trees:
         commit = self.commit_of(index)
         step_dir = self.workdir / "steps" / f"{index:03d}"
         shutil.rmtree(step_dir, ignore_errors=True)
-        present, deleted = changed_files(self.repo, self.upstream_commit, commit, shadow.PACKAGE + "/")
+        present, deleted = patched_repo.changed_between(self.repo, self.upstream_commit, commit, shadow.PACKAGE + "/")
         replacements = extract(self.repo, commit, present, step_dir / "files")
         shadow_dir = shadow.build_shadow(self.installed, replacements, deleted, step_dir / "shadow")
         return Step(index, commit, shadow_dir, present, deleted)
@@ -127,7 +106,9 @@ class Trees:
             return self._tests_roots[index]
         commit = self.commit_of(index)
         tests_root = self.pristine_tests_root()
-        t_present, t_deleted = changed_files(self.repo, self.upstream_commit, commit, "tests/", "pyproject.toml")
+        t_present, t_deleted = patched_repo.changed_between(
+            self.repo, self.upstream_commit, commit, "tests/", "pyproject.toml"
+        )
         if t_present or t_deleted:  # the series edits vLLM's own tests: use them as of this step
             own = self.workdir / "steps" / f"{index:03d}-upstream-tests"
             shutil.rmtree(own, ignore_errors=True)
