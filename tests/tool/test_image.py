@@ -254,21 +254,21 @@ def test_stand_in_mirror_comes_from_the_machines_apt_sources(tmp_path: Path) -> 
     from vllm_overlay.image import engine, standins
 
     apt = tmp_path / "apt"
-    (apt / "upstream_trees.list.d").mkdir(parents=True)
-    (apt / "upstream_trees.list.d" / "debian.sources").write_text(
+    (apt / "sources.list.d").mkdir(parents=True)
+    (apt / "sources.list.d" / "debian.sources").write_text(
         "Types: deb\n# a comment\nURIs: http://archive.example.invalid/debian-security\n"
         "Suites: bookworm-security\nComponents: main\n\n"
         "Types: deb\nURIs: http://archive.example.invalid/debian\nSuites: bookworm bookworm-updates\n"
         "Components: main\n"
     )
     assert standins.apt_mirror(apt) == "http://archive.example.invalid/debian"
-    (apt / "upstream_trees.list").write_text(
+    (apt / "sources.list").write_text(
         "# deb http://old.example.invalid/debian bookworm main\n"
         "deb [signed-by=/k.gpg] http://one-line.example.invalid/debian bookworm main\n"
     )
-    assert standins.apt_mirror(apt) == "http://one-line.example.invalid/debian"  # upstream_trees.list comes first
+    assert standins.apt_mirror(apt) == "http://one-line.example.invalid/debian"  # sources.list comes first
     empty = tmp_path / "empty"
-    (empty / "upstream_trees.list.d").mkdir(parents=True)
+    (empty / "sources.list.d").mkdir(parents=True)
     with pytest.raises(engine.EngineError, match="--mirror"):
         standins.apt_mirror(empty)
 

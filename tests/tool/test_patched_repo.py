@@ -8,8 +8,7 @@ from pathlib import Path
 import git as gitpython
 import pytest
 
-from tests.tool.conftest import git, replace_line
-from tests.tool.test_apply import change_line_20, run_apply
+from tests.tool.helpers import change_line_20, git, replace_line, run_apply
 from vllm_overlay import patched_repo, series
 
 

@@ -617,7 +617,7 @@ def check_tampered_image(run: Run) -> None:
     if eng.run(TAG, PLUGIN_ARGV)[0] != 0:
         run.failures.append("the plugin fails on the untampered image")
     replaced = sorted(run.built_context.manifest["files"])
-    for rel in ([replaced[0]] if replaced else []) + ["vllm/testenv.py"]:
+    for rel in ([replaced[0]] if replaced else []) + ["vllm/envs.py"]:
         _tamper_in_image(run, rel, rel in replaced)
     for ref_ in (TAMPERED, "localhost/vllm-overlay-ci:tampered-layer"):
         subprocess.run([eng.exe, "rmi", "-f", ref_], capture_output=True, check=False)

@@ -10,8 +10,8 @@
   git and this machine's CA bundle;
 - the non-root stand-in: the vllm-openai stand-in made the way vLLM's vllm-openai-nonroot target is.
 
-The Debian root filesystems come from the machine's own apt sources (/etc/apt/upstream_trees.list,
-upstream_trees.list.d/*.list and *.sources; ``apt_mirror``) unless a mirror is named.
+The Debian root filesystems come from the machine's own apt sources (/etc/apt/sources.list,
+sources.list.d/*.list and *.sources; ``apt_mirror``) unless a mirror is named.
 """
 
 from __future__ import annotations
@@ -93,19 +93,19 @@ def apt_mirror(apt_dir: Path = Path("/etc/apt")) -> str:
     """The Debian archive this machine installs from (its apt sources), for debootstrap.
 
     The first ``deb`` source whose suites include a release suite (not -security, -updates or
-    -backports): upstream_trees.list first, then upstream_trees.list.d/*.list and *.sources (deb822).
+    -backports): sources.list first, then sources.list.d/*.list and *.sources (deb822).
     """
     entries: list[tuple[list[str], list[str]]] = []
-    files = [apt_dir / "upstream_trees.list", *sorted((apt_dir / "upstream_trees.list.d").glob("*.list"))]
+    files = [apt_dir / "sources.list", *sorted((apt_dir / "sources.list.d").glob("*.list"))]
     for path in files:
         if path.is_file():
             entries += _one_line_sources(path.read_text(encoding="utf-8", errors="replace"))
-    for path in sorted((apt_dir / "upstream_trees.list.d").glob("*.sources")):
+    for path in sorted((apt_dir / "sources.list.d").glob("*.sources")):
         entries += _deb822_sources(path.read_text(encoding="utf-8", errors="replace"))
     for uris, suites in entries:
         if uris and any("-" not in suite and "/" not in suite for suite in suites):
             return uris[0]
-    raise engine.EngineError(f"no Debian release source in {apt_dir}/upstream_trees.list(.d): pass --mirror URL")
+    raise engine.EngineError(f"no Debian release source in {apt_dir}/sources.list(.d): pass --mirror URL")
 
 
 def rootfs_tar(

@@ -49,7 +49,7 @@ def test_audit_rows_for_each_decision(project, make_patch, tmp_path, store_env, 
     replace_line(new / "vllm" / "core.py", "line_35 = 35\n", "line_35 = 350\n")  # upstream took "landed"
     replace_line(new / "vllm" / "core.py", "line_30 = 30\n", "line_30 = 31\n")  # upstream clashes with "clash"
     assert p_keep.exists()
-    out_json = tmp_path / "decisions.json"
+    out_json = tmp_path / "audit.json"
     code = cli.main(
         [
             "audit-upstream",
