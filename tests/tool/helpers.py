@@ -16,7 +16,10 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from vllm_overlay import cli, record
+from vllm_overlay import apply, cli, lock, record, series, upstream_trees
+from vllm_overlay.image import build_context
+from vllm_overlay.project import Project
+from vllm_overlay.store import Store
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -232,3 +235,33 @@ def make_site(root: Path, version: str = "0.33.0") -> Path:
 
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+LOCKED = "__version__ = version = '0.33.0'\n__commit_id__ = commit_id = 'g4ba787ec9'\n"
+
+
+def apply_no_patches(project: Path, upstream: Path) -> None:
+    """build/patched as the pristine upstream: apply-patches refuses an empty series, the engine does not."""
+    store = Store()
+    up = upstream_trees.obtain(str(upstream), lock.load(project / "upstream.lock"), store)
+    result = apply.apply_series(
+        [], up, lambda d: upstream_trees.checkout(store, up, d), project / "build/patched", apply.Options()
+    )
+    assert result.ok
+
+
+def do_stage(project: Path, epoch: int = 1_700_000_000) -> build_context.BuildContext:
+    proj = Project(project)
+    return build_context.stage(proj, lock.load(proj.lock_file), series.load_series(proj.patches), epoch=epoch)
+
+
+def users_files(directory: Path) -> dict[str, bytes]:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "notes.txt").write_text("the user's notes\n")
+    (directory / "sub").mkdir(exist_ok=True)
+    (directory / "sub" / "data.bin").write_bytes(b"\0\1\2")
+    return {p.relative_to(directory).as_posix(): p.read_bytes() for p in directory.rglob("*") if p.is_file()}
+
+
+def tree_files(directory: Path) -> dict[str, bytes]:
+    return {p.relative_to(directory).as_posix(): p.read_bytes() for p in directory.rglob("*") if p.is_file()}

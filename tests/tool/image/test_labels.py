@@ -1,0 +1,37 @@
+"""The image's labels, build arguments and the Dockerfile's series block, from the lock and the series."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.tool.helpers import do_stage, replace_line, run_apply
+
+
+def add_module_and_doc(tree: Path) -> None:
+    (tree / "vllm" / "added.py").write_text("ADDED = 1\n")
+    (tree / "docs.md").write_text("x\n")
+
+
+def two_series(make_patch, upstream_dir):
+    make_patch(
+        upstream_dir, lambda t: replace_line(t / "vllm" / "core.py", "line_5 = 5\n", "line_5 = 50\n"), "a1", "alpha"
+    )
+    make_patch(upstream_dir, add_module_and_doc, "a2", "alpha")
+    make_patch(
+        upstream_dir, lambda t: replace_line(t / "vllm" / "core.py", "line_9 = 9\n", "line_9 = 90\n"), "b1", "beta"
+    )
+
+
+def test_dockerfile_block_args_and_labels(image_project, make_patch, upstream_dir, store_env):
+    two_series(make_patch, upstream_dir)
+    assert run_apply(image_project, upstream_dir)[0] == 0
+    context = do_stage(image_project)
+    text = context.dockerfile.read_text()
+    layer = "COPY --from=series /vllm-overlay/build/image/layers/{}/ ${{VLLM_SITE_PACKAGES}}/\n"
+    assert layer.format("01-alpha") + layer.format("02-beta") in text
+    assert text.index("01-alpha") < text.index("02-beta") < text.index("build/image/overlay/ ${VLLM_SITE_PACKAGES}/")
+    assert 'ARG BASE_IMAGE="vllm/vllm-openai:v0.33.0"' in text
+    assert f'ARG OVERLAY_SERIES_SHA256="{context.series_sha256}"' in text
+    assert 'ARG OVERLAY_CREATED="2023-11-14T22:13:20Z"' in text
+    assert context.labels["vllm-overlay.upstream.commit"] == "g4ba787ec9"
+    assert context.labels["org.opencontainers.image.version"].startswith("0.33.0-overlay.")
