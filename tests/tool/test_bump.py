@@ -12,8 +12,7 @@ import git
 import pytest
 
 from tests.tool.helpers import REPO_ROOT, Forked, alive, change_line_20, replace_line, wait_for, write_upstream
-from vllm_overlay import bump, cli, lock, series, upstream_trees
-from vllm_overlay.commands import bump as bump_command
+from vllm_overlay import bump, cli, errors, lock, series, testrun, upstream_trees
 from vllm_overlay.store import Store
 
 
@@ -84,18 +83,15 @@ def command(project, conflicting, monkeypatch):
     relocked = dataclasses.replace(the_lock, version="0.34.0", sdist=lock.Artifact("vllm-0.34.0.tar.gz", "d" * 64))
     monkeypatch.setattr(bump, "new_lock", lambda old, upstream, st: relocked)
     tests_pass = {"value": True}
-    real_main = cli.main
 
-    def main(argv):
-        if argv[0] == "test-patches":
-            return 0 if tests_pass["value"] else 1
-        return real_main(argv)
+    def run_patch_tests(proj, options):
+        assert proj.root == project.resolve() and options == testrun.PatchTestOptions()  # its defaults
+        return testrun.PatchTestResult(0 if tests_pass["value"] else 1)
 
-    monkeypatch.setattr(cli, "main", main)
-    monkeypatch.setattr(bump_command.cli, "main", main)
+    monkeypatch.setattr(testrun, "run_patch_tests", run_patch_tests)
 
     def run(*args):
-        return real_main(["bump", "--project", str(project), *args])
+        return cli.main(["bump", "--project", str(project), *args])
 
     return run, tests_pass
 
@@ -123,6 +119,24 @@ def test_failed_tests_and_abort_restore_patches_and_lock(project, command, capsy
     differing = sorted(name for name in set(before) | set(after) if before.get(name) != after.get(name))
     assert "upstream.lock" in differing and "patches/demo/change-5.patch" in differing
     assert f"restored {len(differing)} file(s) to what they were before the bump: {', '.join(differing)}" in said
+
+
+def test_an_input_error_of_the_tests_fails_the_bump_as_their_exit_code(project, command, monkeypatch, capsys):
+    """test-patches' input errors end as its exit code did through cli.main: one line, exit 2, restored."""
+    run, _ = command
+    before = snapshot(project)
+    assert run("0.34.0") == 1
+    resolve_by_hand(project / "build" / "bump")
+
+    def refused(proj, options):
+        raise errors.InputError("the test environment is not pristine")
+
+    monkeypatch.setattr(testrun, "run_patch_tests", refused)
+    capsys.readouterr()
+    assert run("--continue") == 1
+    assert snapshot(project) == before
+    said = capsys.readouterr().err
+    assert "the test environment is not pristine" in said and "test-patches failed (exit 2)" in said
 
 
 def test_abort_leaves_a_committed_bump_alone(project, command, capsys):

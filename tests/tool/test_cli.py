@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 
@@ -76,3 +77,35 @@ def test_every_input_error_of_every_verb_ends_in_one_line_and_exit_2(tmp_path, c
     assert code == 2
     assert [line for line in err.splitlines() if line.startswith("error:")] and "Traceback" not in err
     assert not (tmp_path / "out").exists()
+
+
+def _imported_modules(source: str, module: str) -> set[str]:
+    """Every module ``source`` (vllm_overlay.commands.<module>) imports, at any depth, names included."""
+    tree = ast.parse(source)
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the package vllm_overlay.commands (level 1) or above
+                parent = ["vllm_overlay", "commands", module][: -node.level]
+                base = ".".join([*parent, *([base] if base else [])])
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return found
+
+
+def test_no_command_imports_the_dispatcher_or_another_command():
+    """Verbs call library functions with typed arguments, never each other or cli (through argv)."""
+    commands = REPO_ROOT / "vllm_overlay" / "commands"
+    verbs = {path.stem for path in commands.glob("*.py") if path.stem != "__init__"}
+    offending = set()
+    for path in sorted(commands.glob("*.py")):
+        for name in _imported_modules(path.read_text(encoding="utf-8"), path.stem):
+            if name == "vllm_overlay.cli" or name.startswith("vllm_overlay.cli."):
+                offending.add((path.stem, "cli"))
+            parts = name.split(".")
+            if parts[:2] == ["vllm_overlay", "commands"] and len(parts) > 2 and parts[2] in verbs - {path.stem}:
+                offending.add((path.stem, parts[2]))
+    assert offending == set(), sorted(offending)

@@ -28,7 +28,7 @@ import argparse
 import shutil
 from pathlib import Path
 
-from vllm_overlay import cli, indexes, output, project
+from vllm_overlay import indexes, output, project
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -117,10 +117,7 @@ def _run(args: argparse.Namespace, proj: project.Project, repo_dir: Path) -> int
     )
     if args.no_test:
         return 0
-    if "test-patches" not in cli.VERBS:
-        output.warn("test-patches is not available; run the per-patch tests yourself")
-        return 0
-    code = cli.main(["test-patches", "--project", str(proj.root)])
+    code = _test_patches(proj)
     if code != 0:
         restored = bump.restore(repo_dir, proj.patches, proj.lock_file)
         output.error(
@@ -129,3 +126,14 @@ def _run(args: argparse.Namespace, proj: project.Project, repo_dir: Path) -> int
         )
         return 1
     return 0
+
+
+def _test_patches(proj: project.Project) -> int:
+    """test-patches against the new lock, with its defaults: its exit code (its input errors as cli.main ends them)."""
+    from vllm_overlay import errors, testrun
+
+    try:
+        return testrun.run_patch_tests(proj, testrun.PatchTestOptions()).code
+    except errors.InputError as exc:
+        output.error(str(exc))
+        return exc.exit_code

@@ -33,17 +33,10 @@ full-series or tool tests failed; 2 usage, input or environment error; 130 inter
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from vllm_overlay import indexes, output, project
-
-if TYPE_CHECKING:
-    from vllm_overlay import testrun
 
 # The environment override (vllm_overlay.testenv.ENV_VAR: named here so --help need not import envs).
 ENV_VAR = "VLLM_OVERLAY_ENV"
@@ -114,137 +107,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-# What a run writes in its work directory; a directory holding anything else is the user's.
-WORKDIR_NAMES = frozenset(
-    {".lock", ".patched.lock", "patched", "steps", "upstream-tests", "logs", "junit", "hypothesis"}
-)
-
-
 def run(args: argparse.Namespace) -> int:
-    from vllm_overlay import staging, testrun
-
-    if args.jobs is None:
-        args.jobs = testrun.default_jobs()
-    if args.jobs < 1 or args.timeout < 1 or args.run_timeout < 1:
-        output.error("--jobs, --timeout and --run-timeout must be positive")
-        return 2
-    started = time.monotonic()
-    proj = project.from_args(args)
-    workdir = (args.workdir or proj.build / "test-patches").resolve()
-    try:
-        staging.check_tool_directory(workdir, WORKDIR_NAMES, (".patched.staging-*", ".patched.retired-*"))
-        with testrun.workdir_lock(workdir):
-            return _run(args, proj, workdir, started)
-    except (RuntimeError, staging.OutputNotOurs) as exc:
-        output.error(str(exc))
-        return 2
-    except KeyboardInterrupt:
-        output.error("interrupted; the shared test environment was not modified")
-        return 130
-
-
-def _run(args: argparse.Namespace, proj: project.Project, workdir: Path, started: float) -> int:
-    from vllm_overlay import apply, apply_record, lock, report, series, shadow, testenv, testrun, upstream_trees
-    from vllm_overlay.store import Store
-
-    store = Store()
-    the_lock = lock.load(proj.lock_file)
-    every = series.load_series(proj.patches)
-    selected = series.select(every, args.only)
-    upstream = upstream_trees.obtain(args.upstream, the_lock, store)
-    if not selected:
-        output.error("patches/series lists no patches")
-        return 2
-    outside = [f"patches/{p.name}: {problem}" for p in selected for problem in series.tests_path_problems(p, proj.root)]
-    if outside:
-        for problem in outside:
-            output.error(problem)
-        return 2
-    last = max(every.index(p) for p in selected)
-    prefix = every[: last + 1]
-    try:
-        env = testenv.ensure(the_lock, store, args.env)
-        installed = shadow.installed_package_dir(env.python)
-    except (testenv.EnvError, FileNotFoundError) as exc:
-        output.error(str(exc))
-        return 2
-
-    # Apply the prefix the selected patches need.
-    patched = workdir / "patched"
-    output.info(f"applying {len(prefix)} patch(es) onto upstream {upstream.label} -> {patched}")
-    applied = apply.apply_series(
-        prefix,
-        upstream,
-        lambda dest: upstream_trees.checkout(store, upstream, dest),
-        patched,
-        apply.Options(),
-        # Unchanged since the last run: answered from the tree's record, nothing rebuilt.
-        inputs=apply_record.inputs_for(the_lock, upstream, (False, False, False), False),
-    )
-    if not applied.ok:
-        output.result(report.apply_table(applied))
-        failures = [(r.name, f"{r.status}: {r.detail}") for r in applied.results if not r.accepted]
-        output.result(f"RESULT: FAILED: {failures[0][0]} does not apply ({failures[0][1]})")
-        _write_reports(args, testrun.RunReport([]), failures, {"apply": applied.to_json()})
-        return 1
-    commits = [(patch, result.commit or "") for patch, result in zip(prefix, applied.results, strict=True)]
-
-    config = testrun.Config(
-        jobs=args.jobs,
-        per_test_timeout=args.timeout,
-        run_timeout=args.run_timeout,
-        keep_going=args.keep_going,
-        tool_tests=not args.no_tool_tests,
-        use_cache=not args.no_cache,
-    )
-    tool_python = testrun.tool_test_python(env.python) if config.tool_tests else None
-    if config.tool_tests and tool_python is None:
-        output.warn("no interpreter with pytest and the tool's dependencies: tool tests are not run")
-    try:
-        result = testrun.run_series(
-            project_root=proj.root,
-            workdir=workdir,
-            patched_repo=patched,
-            upstream_commit=upstream.commit,
-            patch_commits=commits,
-            selected=[p.name for p in selected],
-            python=env.python,
-            env_key=env.key,
-            installed_package=installed,
-            store=store,
-            config=config,
-            tool_python=tool_python,
-            info=output.info,
-        )
-    except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
-        output.error(f"preparing the test trees failed: {exc}")
-        return 2
-    result.setup_seconds = time.monotonic() - started - result.seconds
-    result.extra = {
-        "upstream": upstream.to_json(),
-        "environment": env.to_json(),
-        "only": args.only,
-        "applied": [p.name for p in prefix],
-        "jobs": config.jobs,
-        "per_test_timeout": config.per_test_timeout,
-    }
-    output.result(testrun.table(result))
-    _write_reports(args, result, [], {})
-    return 0 if result.ok else 1
-
-
-def _write_reports(
-    args: argparse.Namespace, result: testrun.RunReport, apply_failures: list[tuple[str, str]], extra: dict
-) -> None:
     from vllm_overlay import junit, report, testrun
 
+    options = testrun.PatchTestOptions(
+        only=args.only,
+        upstream=args.upstream,
+        keep_going=args.keep_going,
+        env=args.env,
+        jobs=args.jobs,
+        timeout=args.timeout,
+        run_timeout=args.run_timeout,
+        tool_tests=not args.no_tool_tests,
+        use_cache=not args.no_cache,
+        workdir=args.workdir,
+    )
+    result = testrun.run_patch_tests(project.from_args(args), options)
+    if result.report is None:  # stopped before there was anything to report (exit 2 or 130)
+        return result.code
     if args.json:
-        data = {**result.to_json(), **extra}
-        if apply_failures:
-            data["ok"] = False
-            data["apply_failures"] = [{"patch": n, "detail": d} for n, d in apply_failures]
-        report.write_json(json.loads(json.dumps(data, default=str)), args.json)
+        report.write_json(result.to_json(), args.json)
         output.info(f"JSON report: {args.json}")
     if args.junit:
-        junit.write_report(testrun.junit_cases(result, apply_failures), args.junit)
+        junit.write_report(testrun.junit_cases(result.report, result.apply_failures), args.junit)
         output.info(f"JUnit report: {args.junit}")
+    return result.code

@@ -22,7 +22,7 @@ The rooms, in the order a run goes through them:
     verdicts.py       pure rules from test outcomes to verdicts (red, green, upstream comparison)
     outcome.py        the per-patch outcome and the run's report (JSON)
     render.py         the table and the JUnit cases
-    session.py        one run put together, for ``scripts/test-patches``
+    session.py        one run put together (run_series), and the scripts/test-patches session around it
 
 Each step's patched files are laid over the shared environment's installed vllm by a *shadow
 package* (``shadow.build_shadow``) put first on PYTHONPATH; the environment itself is never
@@ -40,7 +40,7 @@ from vllm_overlay.testrun.execute import (
 )
 from vllm_overlay.testrun.outcome import PatchOutcome, RunReport, Unit
 from vllm_overlay.testrun.render import junit_cases, table
-from vllm_overlay.testrun.session import run_series
+from vllm_overlay.testrun.session import PatchTestOptions, PatchTestResult, run_patch_tests, run_series
 from vllm_overlay.testrun.verdicts import (
     Comparison,
     Result,
@@ -58,6 +58,8 @@ __all__ = [
     "Executor",
     "Job",
     "PatchOutcome",
+    "PatchTestOptions",
+    "PatchTestResult",
     "Result",
     "RunReport",
     "Unit",
@@ -70,6 +72,7 @@ __all__ = [
     "junit_cases",
     "parse_specs",
     "red_verdict",
+    "run_patch_tests",
     "run_series",
     "table",
     "tool_test_python",

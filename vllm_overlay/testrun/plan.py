@@ -13,12 +13,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from vllm_overlay.testrun.execute import Config, Job
 from vllm_overlay.testrun.outcome import PatchOutcome, Unit
 from vllm_overlay.testrun.trees import Trees
 from vllm_overlay.testrun.verdict_store import VerdictStore, machine_digest, tests_digest, tool_digest
 from vllm_overlay.testrun.verdicts import parse_specs, spec_file
+
+if TYPE_CHECKING:
+    from vllm_overlay.series import Patch
 
 
 @dataclass
@@ -40,7 +44,7 @@ class Planner:
         project_root: Path,
         workdir: Path,
         trees: Trees,
-        patches: list[object],  # series.Patch of every applied patch, in order
+        patches: list[Patch],  # every applied patch, in order
         selected: list[str],
         python: Path,
         tool_python: Path | None,
@@ -77,18 +81,18 @@ class Planner:
         return self.unit("tests", step, [spec], tests_digest(self.project_root, [spec]))
 
     def plan(self) -> Plan:
-        index_of = {patch.name: i for i, patch in enumerate(self.patches, start=1)}  # type: ignore[attr-defined]
+        index_of = {patch.name: i for i, patch in enumerate(self.patches, start=1)}
         outcomes = []
         for name in self.selected:
             step = index_of[name]
             patch = self.patches[step - 1]
             outcome = PatchOutcome(
                 name=name,
-                series=patch.series,  # type: ignore[attr-defined]
-                subject=patch.subject,  # type: ignore[attr-defined]
+                series=patch.series,
+                subject=patch.subject,
                 step=step,
-                tests=parse_specs(patch.tests),  # type: ignore[attr-defined]
-                upstream_tests=parse_specs(patch.upstream_tests),  # type: ignore[attr-defined]
+                tests=parse_specs(patch.tests),
+                upstream_tests=parse_specs(patch.upstream_tests),
             )
             outcome.red_units = [self.tests_unit(step - 1, spec) for spec in outcome.tests]
             outcome.green_units = [self.tests_unit(step, spec) for spec in outcome.tests]

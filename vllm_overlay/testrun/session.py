@@ -1,18 +1,33 @@
-"""One run of the per-patch tests over an applied series: trees, plan, jobs, report."""
+"""One run of the per-patch tests over an applied series (``run_series``: trees, plan, jobs, report),
+and the whole ``scripts/test-patches`` session around it (``run_patch_tests``: the lock, the test
+environment, the series applied into the work directory, the run, the reports' data)."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from vllm_overlay import output
 from vllm_overlay.store import Store
-from vllm_overlay.testrun.execute import Config, base_environment
+from vllm_overlay.testrun.execute import Config, base_environment, default_jobs, tool_test_python, workdir_lock
 from vllm_overlay.testrun.outcome import RunReport
 from vllm_overlay.testrun.plan import Planner
+from vllm_overlay.testrun.render import table
 from vllm_overlay.testrun.runner import Runner
 from vllm_overlay.testrun.trees import Trees
 from vllm_overlay.testrun.verdict_store import VerdictStore, scope_name
+
+if TYPE_CHECKING:  # the session's modules are imported when it runs: ``import testrun`` stays light
+    from vllm_overlay.apply import Report
+    from vllm_overlay.lock import Lock
+    from vllm_overlay.project import Project
+    from vllm_overlay.series import Patch
+    from vllm_overlay.upstream_trees import Upstream
 
 
 def run_series(
@@ -21,7 +36,7 @@ def run_series(
     workdir: Path,
     patched_repo: Path,
     upstream_commit: str,
-    patch_commits: list[tuple[object, str]],  # (series.Patch, commit) for every applied patch, in order
+    patch_commits: list[tuple[Patch, str]],  # (patch, its commit) for every applied patch, in order
     selected: list[str],
     python: Path,
     env_key: str | None,
@@ -61,3 +76,171 @@ def run_series(
     report = Runner(plan, verdicts, config, info).execute(base_env)
     report.setup_seconds = setup
     return report
+
+
+# What a run writes in its work directory; a directory holding anything else is the user's.
+WORKDIR_NAMES = frozenset(
+    {".lock", ".patched.lock", "patched", "steps", "upstream-tests", "logs", "junit", "hypothesis"}
+)
+
+
+@dataclass(frozen=True)
+class PatchTestOptions:
+    """What ``scripts/test-patches`` is asked; the defaults are its options' defaults."""
+
+    only: list[str] | None = None  # series or patch names (--only); None: the whole series
+    upstream: str | None = None  # VERSION|DIR|REPO@REV (--upstream); None: the locked release
+    keep_going: bool = False
+    env: Path | None = None  # a virtual environment to use instead of the cached one (never modified)
+    jobs: int | None = None  # pytest processes at once; None: default_jobs()
+    timeout: int = 300  # per test, in seconds
+    run_timeout: int = 3600  # per pytest process, in seconds
+    tool_tests: bool = True
+    use_cache: bool = True  # answer from the verdict store where it holds the result
+    workdir: Path | None = None  # None: <build>/test-patches
+
+
+@dataclass
+class PatchTestResult:
+    """What a session ended with: its exit code and, where it got as far, what the reports say."""
+
+    code: int  # 0 every check passed; 1 a patch or the tests failed; 2 usage/input/environment; 130 interrupted
+    report: RunReport | None = None  # None: stopped before there was anything to report
+    apply_failures: list[tuple[str, str]] = field(default_factory=list)  # (patch, detail) that did not apply
+    extra: dict[str, object] = field(default_factory=dict)  # more for the JSON report (the failed apply's)
+
+    def to_json(self) -> dict[str, object]:
+        """The JSON report's data (JSON types only)."""
+        data: dict[str, object] = {**(self.report or RunReport([])).to_json(), **self.extra}
+        if self.apply_failures:
+            data["ok"] = False
+            data["apply_failures"] = [{"patch": n, "detail": d} for n, d in self.apply_failures]
+        return json.loads(json.dumps(data, default=str))
+
+
+def run_patch_tests(proj: Project, options: PatchTestOptions) -> PatchTestResult:
+    """The whole test-patches session: prints its progress, table and RESULT line; errors in one line.
+
+    Input errors of the lock, the series or the upstream raise ``errors.InputError`` as every verb's do.
+    """
+    from vllm_overlay import staging
+
+    jobs = default_jobs() if options.jobs is None else options.jobs
+    if jobs < 1 or options.timeout < 1 or options.run_timeout < 1:
+        output.error("--jobs, --timeout and --run-timeout must be positive")
+        return PatchTestResult(2)
+    config = Config(
+        jobs=jobs,
+        per_test_timeout=options.timeout,
+        run_timeout=options.run_timeout,
+        keep_going=options.keep_going,
+        tool_tests=options.tool_tests,
+        use_cache=options.use_cache,
+    )
+    started = time.monotonic()
+    workdir = (options.workdir or proj.build / "test-patches").resolve()
+    try:
+        staging.check_tool_directory(workdir, WORKDIR_NAMES, (".patched.staging-*", ".patched.retired-*"))
+        with workdir_lock(workdir):
+            return _session(proj, options, config, workdir, started)
+    except (RuntimeError, staging.OutputNotOurs) as exc:
+        output.error(str(exc))
+        return PatchTestResult(2)
+    except KeyboardInterrupt:
+        output.error("interrupted; the shared test environment was not modified")
+        return PatchTestResult(130)
+
+
+def _session(
+    proj: Project, options: PatchTestOptions, config: Config, workdir: Path, started: float
+) -> PatchTestResult:
+    from vllm_overlay import lock, series, shadow, testenv, upstream_trees
+
+    store = Store()
+    the_lock = lock.load(proj.lock_file)
+    every = series.load_series(proj.patches)
+    selected = series.select(every, options.only)
+    upstream = upstream_trees.obtain(options.upstream, the_lock, store)
+    problems = _selection_problems(proj, selected)
+    for problem in problems:
+        output.error(problem)
+    if problems:
+        return PatchTestResult(2)
+    prefix = every[: max(every.index(p) for p in selected) + 1]
+    try:
+        env = testenv.ensure(the_lock, store, options.env)
+        installed = shadow.installed_package_dir(env.python)
+    except (testenv.EnvError, FileNotFoundError) as exc:
+        output.error(str(exc))
+        return PatchTestResult(2)
+    applied = _apply_prefix(prefix, upstream, the_lock, store, workdir / "patched")
+    if not applied.ok:
+        return _apply_failed(applied)
+    commits = [(patch, result.commit or "") for patch, result in zip(prefix, applied.results, strict=True)]
+    tool_python = tool_test_python(env.python) if config.tool_tests else None
+    if config.tool_tests and tool_python is None:
+        output.warn("no interpreter with pytest and the tool's dependencies: tool tests are not run")
+    try:
+        result = run_series(
+            project_root=proj.root,
+            workdir=workdir,
+            patched_repo=workdir / "patched",
+            upstream_commit=upstream.commit,
+            patch_commits=commits,
+            selected=[p.name for p in selected],
+            python=env.python,
+            env_key=env.key,
+            installed_package=installed,
+            store=store,
+            config=config,
+            tool_python=tool_python,
+            info=output.info,
+        )
+    except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
+        output.error(f"preparing the test trees failed: {exc}")
+        return PatchTestResult(2)
+    result.setup_seconds = time.monotonic() - started - result.seconds
+    result.extra = {
+        "upstream": upstream.to_json(),
+        "environment": env.to_json(),
+        "only": options.only,
+        "applied": [p.name for p in prefix],
+        "jobs": config.jobs,
+        "per_test_timeout": config.per_test_timeout,
+    }
+    output.result(table(result))
+    return PatchTestResult(0 if result.ok else 1, result)
+
+
+def _selection_problems(proj: Project, selected: list[Patch]) -> list[str]:
+    """Why the selected patches cannot be tested (empty: they can)."""
+    from vllm_overlay import series
+
+    if not selected:
+        return ["patches/series lists no patches"]
+    return [f"patches/{p.name}: {problem}" for p in selected for problem in series.tests_path_problems(p, proj.root)]
+
+
+def _apply_prefix(prefix: list[Patch], upstream: Upstream, the_lock: Lock, store: Store, patched: Path) -> Report:
+    """Apply the prefix the selected patches need (strictly) into ``patched``."""
+    from vllm_overlay import apply, apply_record, upstream_trees
+
+    output.info(f"applying {len(prefix)} patch(es) onto upstream {upstream.label} -> {patched}")
+    return apply.apply_series(
+        prefix,
+        upstream,
+        lambda dest: upstream_trees.checkout(store, upstream, dest),
+        patched,
+        apply.Options(),
+        # Unchanged since the last run: answered from the tree's record, nothing rebuilt.
+        inputs=apply_record.inputs_for(the_lock, upstream, (False, False, False), False),
+    )
+
+
+def _apply_failed(applied: Report) -> PatchTestResult:
+    from vllm_overlay import report
+
+    output.result(report.apply_table(applied))
+    failures = [(r.name, f"{r.status}: {r.detail}") for r in applied.results if not r.accepted]
+    output.result(f"RESULT: FAILED: {failures[0][0]} does not apply ({failures[0][1]})")
+    return PatchTestResult(1, RunReport([]), failures, {"apply": applied.to_json()})
