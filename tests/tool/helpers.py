@@ -265,3 +265,18 @@ def users_files(directory: Path) -> dict[str, bytes]:
 
 def tree_files(directory: Path) -> dict[str, bytes]:
     return {p.relative_to(directory).as_posix(): p.read_bytes() for p in directory.rglob("*") if p.is_file()}
+
+
+def add_module_and_doc(tree: Path) -> None:
+    (tree / "vllm" / "added.py").write_text("ADDED = 1\n")
+    (tree / "docs.md").write_text("x\n")
+
+
+def two_series(make_patch, upstream_dir):
+    make_patch(
+        upstream_dir, lambda t: replace_line(t / "vllm" / "core.py", "line_5 = 5\n", "line_5 = 50\n"), "a1", "alpha"
+    )
+    make_patch(upstream_dir, add_module_and_doc, "a2", "alpha")
+    make_patch(
+        upstream_dir, lambda t: replace_line(t / "vllm" / "core.py", "line_9 = 9\n", "line_9 = 90\n"), "b1", "beta"
+    )

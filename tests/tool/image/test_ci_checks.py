@@ -7,26 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.tool.helpers import REPO_ROOT, replace_line, run_apply
+from tests.tool.helpers import REPO_ROOT, run_apply, two_series
 from vllm_overlay import lock, series
 from vllm_overlay.image import build_context
 from vllm_overlay.project import Project
 from vllm_overlay.store import Store
-
-
-def add_module_and_doc(tree: Path) -> None:
-    (tree / "vllm" / "added.py").write_text("ADDED = 1\n")
-    (tree / "docs.md").write_text("x\n")
-
-
-def two_series(make_patch, upstream_dir):
-    make_patch(
-        upstream_dir, lambda t: replace_line(t / "vllm" / "core.py", "line_5 = 5\n", "line_5 = 50\n"), "a1", "alpha"
-    )
-    make_patch(upstream_dir, add_module_and_doc, "a2", "alpha")
-    make_patch(
-        upstream_dir, lambda t: replace_line(t / "vllm" / "core.py", "line_9 = 9\n", "line_9 = 90\n"), "b1", "beta"
-    )
 
 
 def _imported_modules(path: Path) -> set[str]:

@@ -2,24 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from tests.tool.helpers import do_stage, replace_line, run_apply
-
-
-def add_module_and_doc(tree: Path) -> None:
-    (tree / "vllm" / "added.py").write_text("ADDED = 1\n")
-    (tree / "docs.md").write_text("x\n")
-
-
-def two_series(make_patch, upstream_dir):
-    make_patch(
-        upstream_dir, lambda t: replace_line(t / "vllm" / "core.py", "line_5 = 5\n", "line_5 = 50\n"), "a1", "alpha"
-    )
-    make_patch(upstream_dir, add_module_and_doc, "a2", "alpha")
-    make_patch(
-        upstream_dir, lambda t: replace_line(t / "vllm" / "core.py", "line_9 = 9\n", "line_9 = 90\n"), "b1", "beta"
-    )
+from tests.tool.helpers import do_stage, run_apply, two_series
 
 
 def test_dockerfile_block_args_and_labels(image_project, make_patch, upstream_dir, store_env):
