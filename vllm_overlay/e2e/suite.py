@@ -345,20 +345,9 @@ def run(root: Path, options: Options) -> Outcome:
         pristine = cpu_runtime.ensure(runtime_lock, store)
     made_of: dict = {}
     if options.verdicts:
-        from vllm_overlay.e2e import verdict
-
-        scenario_options = {k: v for k, v in asdict(options).items() if k not in ("out", "verdicts")}
-        if options.image:
-            scenario_options["image_engines"] = container.engine_versions(options.image)
-        made_of = verdict.inputs(root, pristine.path, pristine.site_packages, scenario_options)
-        kept = verdict.load(store.root, verdict.key(made_of))
+        made_of, kept = _kept_verdict(root, options, pristine, store)
         if kept is not None:
-            outcome.cached = kept
-            output.info(
-                f"[e2e] verdict kept {kept['made']} under key {kept['key'][:16]} (runtime lock, carried series, "
-                "overlay, suite code, runtime distributions, options, machine, environment unchanged): "
-                "no server started"
-            )
+            _stand_on(outcome, kept)
             return outcome
     with Timer(outcome, "carry"):
         carry.build_tree(proj, carry_lock, store)
@@ -367,7 +356,60 @@ def run(root: Path, options: Options) -> Outcome:
         outcome.series_sha256 = context.series_sha256
     with Timer(outcome, "model"):
         model = make_model(pristine.python, root, out / "model")
-    for label, env, is_patched in (("pristine", pristine, False), ("patched", patched, True)):
+    runtimes = (("pristine", pristine, False), ("patched", patched, True))
+    _base_servers(outcome, options, runtimes, runtime_lock, model, out, context)
+    if options.base:
+        outcome.extra.append(_identical(outcome))
+    if options.hang:
+        _hang_servers(outcome, options, runtimes, root, model, out)
+    if options.streaming_input:
+        _streaming_input_sessions(outcome, options, runtimes, root, model, out)
+    if options.tp:
+        _tp_servers(outcome, options, pristine, patched, root, model, out)
+    if options.image:
+        image_scenarios(outcome, options, pristine, runtime_lock, context, model, out)
+    if options.tamper:
+        _tamper_patched(outcome, patched, model, context, out)
+    _write(outcome, out)
+    if options.verdicts and outcome.ok:
+        _keep_verdict(outcome, store, made_of, out)
+    return outcome
+
+
+_Runtimes = tuple[tuple[str, testenv.Env, bool], ...]  # (label, runtime, is_patched): pristine, then patched
+
+
+def _kept_verdict(root: Path, options: Options, pristine: testenv.Env, store: Store) -> tuple[dict, dict | None]:
+    """What this run is made of (e2e.verdict.inputs), and the passing verdict kept under its key, if any."""
+    from vllm_overlay.e2e import verdict
+
+    scenario_options = {k: v for k, v in asdict(options).items() if k not in ("out", "verdicts")}
+    if options.image:
+        scenario_options["image_engines"] = container.engine_versions(options.image)
+    made_of = verdict.inputs(root, pristine.path, pristine.site_packages, scenario_options)
+    return made_of, verdict.load(store.root, verdict.key(made_of))
+
+
+def _stand_on(outcome: Outcome, kept: dict) -> None:
+    outcome.cached = kept
+    output.info(
+        f"[e2e] verdict kept {kept['made']} under key {kept['key'][:16]} (runtime lock, carried series, "
+        "overlay, suite code, runtime distributions, options, machine, environment unchanged): "
+        "no server started"
+    )
+
+
+def _base_servers(
+    outcome: Outcome,
+    options: Options,
+    runtimes: _Runtimes,
+    runtime_lock: cpu_runtime.RuntimeLock,
+    model: Path,
+    out: Path,
+    context: build_context.BuildContext,
+) -> None:
+    """For pristine, then patched: every one-server scenario (none unless ``options.base``)."""
+    for label, env, is_patched in runtimes:
         outcome.results[label] = []
         if not options.base:
             continue
@@ -387,52 +429,68 @@ def run(root: Path, options: Options) -> Outcome:
         outcome.results[label] = results
         for result in results:
             output.info(f"[e2e]   {label} {result.name}: {'ok' if result.ok else 'FAILED'} ({result.detail})")
-    if options.base:
-        outcome.extra.append(_identical(outcome))
-    if options.hang:
-        for label, env, is_patched in (("pristine", pristine, False), ("patched", patched, True)):
-            with Timer(outcome, f"hung-step {label}"):
-                result = hang_scenario(env.python, root, model, out, label, is_patched, options.ready_timeout)
-            outcome.results[label].append(result)
-            output.info(f"[e2e]   {label} {result.name}: {'ok' if result.ok else 'FAILED'} ({result.detail})")
-    if options.streaming_input:
-        for label, env, is_patched in (("pristine", pristine, False), ("patched", patched, True)):
-            with Timer(outcome, f"streaming-input {label}"):
-                log = out / f"stream-{label}.log"
-                result = streaming_input(env.python, root, model, log, is_patched, options.ready_timeout)
-            outcome.results[label].append(result)
-            output.info(f"[e2e]   {label} {result.name}: {'ok' if result.ok else 'FAILED'} ({result.detail})")
-    if options.tp:
-        digests: dict[str, str | None] = {}
-        for label, env in (("pristine", pristine), ("patched", patched)):
-            with Timer(outcome, f"tp2 {label}"):
-                facts = tp_probe(env.python, root, model, out / f"tp2-{label}.log", options.tp_timeout, 64)
-            outcome.results[label] += tp_results(facts)
-            digests[label] = facts.get("logprobs_digest")
-        same = digests["pristine"] is not None and digests["pristine"] == digests["patched"]
-        outcome.extra.append(
-            scenarios.Result(
-                "tp2 prompt logprobs identical",
-                same,
-                "pristine == patched, every position" if same else f"digests {digests}",
-                0.0,
-            )
-        )
-    if options.image:
-        image_scenarios(outcome, options, pristine, runtime_lock, context, model, out)
-    if options.tamper:
-        relpath = sorted(context.manifest["files"])[0]
-        spec = ServerSpec(python=patched.python, model=model, label="patched (tampered)")
-        with Timer(outcome, "tamper"):
-            outcome.extra.append(tamper(spec, patched.site_packages, relpath, out / "server-tamper.log", 600))
-    _write(outcome, out)
-    if options.verdicts and outcome.ok:
-        from vllm_overlay.e2e import verdict
 
-        data = json.loads((out / "results.json").read_text(encoding="utf-8"))
-        where = verdict.keep(store.root, verdict.key(made_of), made_of, data, render(outcome))
-        output.info(f"[e2e] passing verdict kept: {where}")
-    return outcome
+
+def _hang_servers(outcome: Outcome, options: Options, runtimes: _Runtimes, root: Path, model: Path, out: Path) -> None:
+    for label, env, is_patched in runtimes:
+        with Timer(outcome, f"hung-step {label}"):
+            result = hang_scenario(env.python, root, model, out, label, is_patched, options.ready_timeout)
+        outcome.results[label].append(result)
+        output.info(f"[e2e]   {label} {result.name}: {'ok' if result.ok else 'FAILED'} ({result.detail})")
+
+
+def _streaming_input_sessions(
+    outcome: Outcome, options: Options, runtimes: _Runtimes, root: Path, model: Path, out: Path
+) -> None:
+    for label, env, is_patched in runtimes:
+        with Timer(outcome, f"streaming-input {label}"):
+            log = out / f"stream-{label}.log"
+            result = streaming_input(env.python, root, model, log, is_patched, options.ready_timeout)
+        outcome.results[label].append(result)
+        output.info(f"[e2e]   {label} {result.name}: {'ok' if result.ok else 'FAILED'} ({result.detail})")
+
+
+def _tp_servers(
+    outcome: Outcome,
+    options: Options,
+    pristine: testenv.Env,
+    patched: testenv.Env,
+    root: Path,
+    model: Path,
+    out: Path,
+) -> None:
+    digests: dict[str, str | None] = {}
+    for label, env in (("pristine", pristine), ("patched", patched)):
+        with Timer(outcome, f"tp2 {label}"):
+            facts = tp_probe(env.python, root, model, out / f"tp2-{label}.log", options.tp_timeout, 64)
+        outcome.results[label] += tp_results(facts)
+        digests[label] = facts.get("logprobs_digest")
+    same = digests["pristine"] is not None and digests["pristine"] == digests["patched"]
+    outcome.extra.append(
+        scenarios.Result(
+            "tp2 prompt logprobs identical",
+            same,
+            "pristine == patched, every position" if same else f"digests {digests}",
+            0.0,
+        )
+    )
+
+
+def _tamper_patched(
+    outcome: Outcome, patched: testenv.Env, model: Path, context: build_context.BuildContext, out: Path
+) -> None:
+    relpath = sorted(context.manifest["files"])[0]
+    spec = ServerSpec(python=patched.python, model=model, label="patched (tampered)")
+    with Timer(outcome, "tamper"):
+        outcome.extra.append(tamper(spec, patched.site_packages, relpath, out / "server-tamper.log", 600))
+
+
+def _keep_verdict(outcome: Outcome, store: Store, made_of: dict, out: Path) -> None:
+    from vllm_overlay.e2e import verdict
+
+    data = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    where = verdict.keep(store.root, verdict.key(made_of), made_of, data, render(outcome))
+    output.info(f"[e2e] passing verdict kept: {where}")
 
 
 def image_scenarios(
