@@ -329,28 +329,52 @@ def hung_step(server: Server, patched: bool, trigger: Path, timeout_s: float, in
         thread = threading.Thread(target=request, daemon=True)
         sent = time.monotonic()
         thread.start()
-        stalled_at = None
-        while time.monotonic() - sent < bound + 10.0:
-            health_status = get(server.url + "/health", timeout=5)[0]
-            progress_status = get(server.url + "/health/progress", timeout=5)[0]
-            seen.append((time.monotonic() - sent, health_status, progress_status))
-            if progress_status == 503 and stalled_at is None:
-                stalled_at = time.monotonic() - sent
-                break
-            time.sleep(0.25)
+        stalled_at = _until_stalled(server, sent, bound, seen)
         # The step really hung: the request is still open when the trigger goes.
         result["open_at_release"] = thread.is_alive()
     finally:
         trigger.unlink(missing_ok=True)
     thread.join(REQUEST_TIMEOUT)
+    recovered_at = _until_recovered(server, sent, bound) if patched else None
+    ok, detail = _hung_step_verdict(patched, bound, seen, result, stalled_at, recovered_at)
+    return Result("hung-step", ok, detail, time.monotonic() - started)
+
+
+def _until_stalled(server: Server, sent: float, bound: float, seen: list[tuple[float, int, int]]) -> float | None:
+    """Poll /health and /health/progress (each pair appended to ``seen``) for ``bound`` + 10 s from
+    ``sent``: the seconds after ``sent`` at which progress first answered 503, or None."""
+    stalled_at = None
+    while time.monotonic() - sent < bound + 10.0:
+        health_status = get(server.url + "/health", timeout=5)[0]
+        progress_status = get(server.url + "/health/progress", timeout=5)[0]
+        seen.append((time.monotonic() - sent, health_status, progress_status))
+        if progress_status == 503 and stalled_at is None:
+            stalled_at = time.monotonic() - sent
+            break
+        time.sleep(0.25)
+    return stalled_at
+
+
+def _until_recovered(server: Server, sent: float, bound: float) -> float | None:
+    """Poll /health/progress for ``bound`` + 10 s: the seconds after ``sent`` at which it answered 200, or None."""
     recovered_at = None
-    if patched:
-        end = time.monotonic() + bound + 10.0
-        while time.monotonic() < end:
-            if get(server.url + "/health/progress", timeout=5)[0] == 200:
-                recovered_at = time.monotonic() - sent
-                break
-            time.sleep(0.25)
+    end = time.monotonic() + bound + 10.0
+    while time.monotonic() < end:
+        if get(server.url + "/health/progress", timeout=5)[0] == 200:
+            recovered_at = time.monotonic() - sent
+            break
+        time.sleep(0.25)
+    return recovered_at
+
+
+def _hung_step_verdict(
+    patched: bool,
+    bound: float,
+    seen: list[tuple[float, int, int]],
+    result: dict[str, object],
+    stalled_at: float | None,
+    recovered_at: float | None,
+) -> tuple[bool, str]:
     health_seen = sorted({h for _, h, _ in seen})
     progress_seen = sorted({p for _, _, p in seen})
     if patched:
@@ -376,4 +400,4 @@ def hung_step(server: Server, patched: bool, trigger: Path, timeout_s: float, in
     detail += (
         f"; request HTTP {result.get('status')}, open until the step was released: {result.get('open_at_release')}"
     )
-    return Result("hung-step", ok, detail, time.monotonic() - started)
+    return ok, detail
