@@ -77,45 +77,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     facts["ready_s"] = round(time.monotonic() - started, 1)
     size = args.reply_mib << 20
-    rounds = []
-    for index in range(args.rounds):
-        begun = time.monotonic()
-        try:
-            replies = llm.collective_rpc(_big_reply, timeout=RPC_TIMEOUT_S, args=(index, size))
-        except Exception as exc:  # recorded: a reply lost or late is what this probe looks for
-            rounds.append(
-                {
-                    "ranks": 0,
-                    "right": [],
-                    "error": f"{type(exc).__name__}: {str(exc)[:200]}",
-                    "seconds": round(time.monotonic() - begun, 2),
-                }
-            )
-            break
-        right = [reply == payload(rank, index, size) for rank, reply in enumerate(replies)]
-        rounds.append(
-            {
-                "ranks": len(replies),
-                "right": right,
-                "sha256": [hashlib.sha256(r).hexdigest()[:16] for r in replies],
-                "seconds": round(time.monotonic() - begun, 2),
-            }
-        )
+    rounds = _big_replies(llm, args.rounds, size)
     facts["big_reply"] = rounds
     facts["big_reply_ok"] = len(rounds) == args.rounds and all(r["ranks"] == 2 and all(r["right"]) for r in rounds)
     if not facts["big_reply_ok"]:
         # The engine does not survive a timed-out RPC; the later probes would only time out too.
         print(json.dumps(facts, sort_keys=True), flush=True)
         return 0
-    begun = time.monotonic()
-    try:
-        llm.collective_rpc(_fail_on_rank1, timeout=RPC_TIMEOUT_S)
-        facts["rank1_failure"] = "no error raised"
-        facts["rank1_failure_ok"] = False
-    except Exception as exc:  # the caller must get the worker's error
-        facts["rank1_failure"] = f"{type(exc).__name__}: {str(exc)[:200]}"
-        facts["rank1_failure_ok"] = "rank 1 fails on purpose" in str(exc)
-    facts["rank1_failure_s"] = round(time.monotonic() - begun, 2)
+    _rank1_failure(llm, facts)
     try:
         out = llm.generate(
             ["the model serves"], SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True), use_tqdm=False
@@ -130,6 +99,48 @@ def main(argv: list[str] | None = None) -> int:
         facts.update(forward_failure(llm, args.fail_trigger))
     print(json.dumps(facts, sort_keys=True), flush=True)
     return 0
+
+
+def _big_replies(llm: object, rounds: int, size: int) -> list[dict[str, object]]:
+    """``rounds`` rounds of big-reply, each checked per rank; the first that raises ends them."""
+    done: list[dict[str, object]] = []
+    for index in range(rounds):
+        begun = time.monotonic()
+        try:
+            replies = llm.collective_rpc(_big_reply, timeout=RPC_TIMEOUT_S, args=(index, size))
+        except Exception as exc:  # recorded: a reply lost or late is what this probe looks for
+            done.append(
+                {
+                    "ranks": 0,
+                    "right": [],
+                    "error": f"{type(exc).__name__}: {str(exc)[:200]}",
+                    "seconds": round(time.monotonic() - begun, 2),
+                }
+            )
+            break
+        right = [reply == payload(rank, index, size) for rank, reply in enumerate(replies)]
+        done.append(
+            {
+                "ranks": len(replies),
+                "right": right,
+                "sha256": [hashlib.sha256(r).hexdigest()[:16] for r in replies],
+                "seconds": round(time.monotonic() - begun, 2),
+            }
+        )
+    return done
+
+
+def _rank1_failure(llm: object, facts: dict[str, object]) -> None:
+    """rank1-failure: what the caller got (into ``facts``), whether it is rank 1's error, and how long it took."""
+    begun = time.monotonic()
+    try:
+        llm.collective_rpc(_fail_on_rank1, timeout=RPC_TIMEOUT_S)
+        facts["rank1_failure"] = "no error raised"
+        facts["rank1_failure_ok"] = False
+    except Exception as exc:  # the caller must get the worker's error
+        facts["rank1_failure"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        facts["rank1_failure_ok"] = "rank 1 fails on purpose" in str(exc)
+    facts["rank1_failure_s"] = round(time.monotonic() - begun, 2)
 
 
 def _logprob_digest(outputs: list) -> tuple[str, str | None]:
