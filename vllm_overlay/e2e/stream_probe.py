@@ -60,30 +60,41 @@ async def probe(model: str, idle_s: float) -> dict[str, object]:
         yield StreamingInput(prompt=TokensPrompt(prompt_token_ids=list(range(40, 60))))
 
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
-    tokens = 0
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://e2e") as client:
         sampler = asyncio.create_task(sample(client))
         try:
-            async with asyncio.timeout(idle_s + 120):
-                async for output in engine.generate(chunks(), params, "e2e-streaming-input"):
-                    tokens += sum(len(o.token_ids) for o in output.outputs)
-            facts["session"] = f"finished, {tokens} token(s) over two chunks"
-            facts["session_ok"] = tokens > 0
-        except Exception as exc:  # recorded: the session failed or did not finish in bounds
-            facts["session"] = f"{type(exc).__name__}: {str(exc)[:200]}"
-            facts["session_ok"] = False
+            await _session(engine, chunks, params, idle_s, facts)
         finally:
             phase = "after"
             await asyncio.sleep(1.0)
             sampler.cancel()
     engine.shutdown()
+    _idle_facts(facts, samples)
+    return facts
+
+
+async def _session(engine: object, chunks: object, params: object, idle_s: float, facts: dict[str, object]) -> None:
+    """The streaming-input session (its input from ``chunks()``), bounded; how it ended goes into ``facts``."""
+    tokens = 0
+    try:
+        async with asyncio.timeout(idle_s + 120):
+            async for output in engine.generate(chunks(), params, "e2e-streaming-input"):
+                tokens += sum(len(o.token_ids) for o in output.outputs)
+        facts["session"] = f"finished, {tokens} token(s) over two chunks"
+        facts["session_ok"] = tokens > 0
+    except Exception as exc:  # recorded: the session failed or did not finish in bounds
+        facts["session"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        facts["session_ok"] = False
+
+
+def _idle_facts(facts: dict[str, object], samples: list[tuple[str, float, int, int]]) -> None:
+    """What /health and /health/progress answered while the session idled, and every sample."""
     idle = [s for s in samples if s[0] == "idle"]
     facts["idle_samples"] = len(idle)
     facts["idle_health"] = sorted({s[2] for s in idle})
     facts["idle_progress"] = sorted({s[3] for s in idle})
     facts["samples"] = samples
-    return facts
 
 
 def main(argv: list[str] | None = None) -> int:
