@@ -27,6 +27,7 @@ import re
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -184,6 +185,14 @@ def _newcomer(
             raise engine.EngineError(f"{' '.join(argv)} as {USER}: {(result.stderr or result.stdout).strip()[-800:]}")
         return result.stdout
 
+    _prepare_clone(proj, eng, container, isolation, index)
+    _two_runs(command, host_trees, failures, figures, as_user, user_output)
+
+
+def _prepare_clone(
+    proj: project.Project, eng: engine.Engine, container: str, isolation: str, index: dict[str, str]
+) -> None:
+    """The newcomer user made in ``container``, a fresh clone of this checkout in its home, owned by it."""
     as_root = [eng.exe, "run", "--isolation", isolation, container, "--"]
     sh(*as_root, "useradd", "--create-home", "--shell", "/bin/bash", USER)
     version = sh(*as_root, "python3", "--version")
@@ -199,6 +208,16 @@ def _newcomer(
     )
     output.info(f"   index: {index.get('PIP_INDEX_URL', 'pip default of the stand-in')}")
 
+
+def _two_runs(
+    command: str,
+    host_trees: list[str],
+    failures: list[str],
+    figures: list[str],
+    as_user: Callable[..., subprocess.CompletedProcess],
+    user_output: Callable[[list[str]], str],
+) -> None:
+    """README command 1 run twice as the newcomer: its exit, its tree ids, what it leaves, the reused .venv."""
     status = ["git", "status", "--porcelain", "--untracked-files=all"]
     before = user_output(status)  # the carried changes, if any
     runs = []
@@ -210,16 +229,7 @@ def _newcomer(
         if code != 0:
             failures.append(f"README command 1, run {attempt}, exited {code} as {USER} on Debian 12 (output above)")
             return
-        trees = tree_ids(f"{CHECKOUT}/build/patched", user_output)
-        if trees != host_trees:
-            failures.append(
-                f"run {attempt}: build/patched has {len(trees)} commits, tree ids {[t[:12] for t in trees]}; "
-                f"here {len(host_trees)}, {[t[:12] for t in host_trees]}"
-            )
-        else:
-            figures.append(
-                f"run {attempt}: build/patched has the same {len(trees)} tree ids as here (last {trees[-1][:12]})"
-            )
+        _compare_trees(attempt, host_trees, user_output, failures, figures)
         if attempt == 1:
             venv = user_output(["stat", "-c", "%i %Y", ".venv/pyvenv.cfg"]).strip()
             after = user_output(status)
@@ -237,6 +247,25 @@ def _newcomer(
         f"README command 1 as {USER} on Debian 12: {runs[0]:.0f} s the first time (set-up, sdist download, apply), "
         f"{runs[1]:.0f} s again"
     )
+
+
+def _compare_trees(
+    attempt: int,
+    host_trees: list[str],
+    user_output: Callable[[list[str]], str],
+    failures: list[str],
+    figures: list[str],
+) -> None:
+    trees = tree_ids(f"{CHECKOUT}/build/patched", user_output)
+    if trees != host_trees:
+        failures.append(
+            f"run {attempt}: build/patched has {len(trees)} commits, tree ids {[t[:12] for t in trees]}; "
+            f"here {len(host_trees)}, {[t[:12] for t in host_trees]}"
+        )
+    else:
+        figures.append(
+            f"run {attempt}: build/patched has the same {len(trees)} tree ids as here (last {trees[-1][:12]})"
+        )
 
 
 def _debian_version(mount: Path) -> str:
