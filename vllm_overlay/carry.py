@@ -19,6 +19,7 @@ from pathlib import Path
 
 from vllm_overlay import apply, lock, patched_repo, series, upstream_trees
 from vllm_overlay.cpu_runtime import RuntimeLock
+from vllm_overlay.errors import InputError
 from vllm_overlay.image import build_context, labels
 from vllm_overlay.project import Project
 from vllm_overlay.store import Store
@@ -29,8 +30,8 @@ CARRY_DIR = "cpu"
 CARRIED_FROM = "carried-from"
 
 
-class CarryError(RuntimeError):
-    """The carried series is stale, touches runtime-only files or cannot be staged."""
+class CarryError(InputError, RuntimeError):
+    """The carried series is stale, touches runtime-only files or cannot be staged (scripts/carry-cpu mends it)."""
 
 
 @dataclass(frozen=True)

@@ -92,37 +92,34 @@ def run(args: argparse.Namespace) -> int:
     from vllm_overlay.store import Store
 
     root = project.from_args(args).root
-    try:
-        if args.range_diff:
-            print(range_diff(root))
-            return 0
-        if args.runtime_only:
-            env = cpu_runtime.ensure(cpu_runtime.load(carry.CarryProject(root).runtime_lock), Store())
-            print(env.python)
-            return 0
-        stale = carry.stale_problem(carry.CarryProject(root))
-        if stale and not args.allow_stale_carry:
-            raise carry.CarryError(stale)
-        if stale:
-            output.warn(stale)
-        outcome = suite.run(
-            root,
-            suite.Options(
-                clients=args.clients,
-                ready_timeout=args.ready_timeout,
-                tamper=not args.no_tamper,
-                out=args.out,
-                tp=args.tp,
-                hang=args.hang,
-                streaming_input=args.streaming_input,
-                base=not args.no_base,
-                verdicts=args.verdicts,
-                image=args.image,
-            ),
-        )
-    except carry.CarryError as exc:  # a stale carry: input here (carry-cpu, which makes it, exits 1)
-        output.error(str(exc))
-        return 2
+    if args.range_diff:
+        print(range_diff(root))
+        return 0
+    if args.runtime_only:
+        env = cpu_runtime.ensure(cpu_runtime.load(carry.CarryProject(root).runtime_lock), Store())
+        print(env.python)
+        return 0
+    # A stale carry is an input error here (cli.main: exit 2); carry-cpu, which makes it, exits 1.
+    stale = carry.stale_problem(carry.CarryProject(root))
+    if stale and not args.allow_stale_carry:
+        raise carry.CarryError(stale)
+    if stale:
+        output.warn(stale)
+    outcome = suite.run(
+        root,
+        suite.Options(
+            clients=args.clients,
+            ready_timeout=args.ready_timeout,
+            tamper=not args.no_tamper,
+            out=args.out,
+            tp=args.tp,
+            hang=args.hang,
+            streaming_input=args.streaming_input,
+            base=not args.no_base,
+            verdicts=args.verdicts,
+            image=args.image,
+        ),
+    )
     output.result(suite.render(outcome))
     return 0 if outcome.ok else 1
 
