@@ -171,50 +171,80 @@ def run_audit(
     clock.lap("obtain upstreams")
     with tempfile.TemporaryDirectory(prefix="vllm-overlay-audit-") as tmp:
         old_dir, new_dir = Path(tmp) / "old", Path(tmp) / "new"
-        old_report = apply.apply_series(
-            patches,
-            old,
-            lambda d: upstream_trees.checkout(store, old, d),
-            old_dir,
-            apply.Options(),
-            publish_partial=True,
-        )
-        clock.lap("apply on the old upstream")
-        report = apply.apply_series(
-            patches,
-            new,
-            lambda d: upstream_trees.checkout(store, new, d),
-            new_dir,
-            apply.Options(allow_offset=True, allow_fuzz=True, three_way=True),
-            progress=progress,
-            publish_partial=True,
-            seed_base=lambda: old.commit,
-        )
-        clock.lap("apply on the new upstream")
+        old_report, report = _apply_on_both(patches, store, old, new, old_dir, new_dir, progress, clock)
         drift = drift_by_patch(store, old, new, patches)
         clock.lap("target drift")
         deps = dependency_drift(store, old, new, patches, lock)
         clock.lap("dependency drift")
         found = findings(store, old, new, patches, report, old_report, old_dir, new_dir)
         clock.lap("conflicts, broken merges, moved targets")
-        rows = []
-        for patch in patches:
-            result = report.result_for(patch.name)
-            assert result is not None  # apply_series reports every patch it was given
-            rows.append(
-                decisions.audit_row(
-                    patch,
-                    result,
-                    drift[patch.name],
-                    release_dates or {},
-                    new.version,
-                    max_age_releases,
-                    deps[patch.name],
-                    found[patch.name],
-                )
-            )
+        rows = _audit_rows(patches, report, drift, deps, found, new, release_dates, max_age_releases)
         diff = range_diff(old_dir, new_dir)
         clock.lap("range-diff")
     clock.lap("remove the scratch trees")
     clock.seconds["total"] = round(sum(clock.seconds.values()), 2)
     return AuditResult(old, new, report, rows, diff, clock.seconds)
+
+
+def _apply_on_both(
+    patches: list[Patch],
+    store: Store,
+    old: upstream_trees.Upstream,
+    new: upstream_trees.Upstream,
+    old_dir: Path,
+    new_dir: Path,
+    progress: Progress | None,
+    clock: _Clock,
+) -> tuple[apply.Report, apply.Report]:
+    """The series applied on the old upstream as it is, then on the new one with offset, fuzz and 3-way."""
+    old_report = apply.apply_series(
+        patches,
+        old,
+        lambda d: upstream_trees.checkout(store, old, d),
+        old_dir,
+        apply.Options(),
+        publish_partial=True,
+    )
+    clock.lap("apply on the old upstream")
+    report = apply.apply_series(
+        patches,
+        new,
+        lambda d: upstream_trees.checkout(store, new, d),
+        new_dir,
+        apply.Options(allow_offset=True, allow_fuzz=True, three_way=True),
+        progress=progress,
+        publish_partial=True,
+        seed_base=lambda: old.commit,
+    )
+    clock.lap("apply on the new upstream")
+    return old_report, report
+
+
+def _audit_rows(
+    patches: list[Patch],
+    report: apply.Report,
+    drift: dict,
+    deps: dict[str, list[dependencies.DependencyDrift]],
+    found: dict,
+    new: upstream_trees.Upstream,
+    release_dates: dict[str, dt.date] | None,
+    max_age_releases: int,
+) -> list[decisions.AuditRow]:
+    """One audit row per patch, in series order."""
+    rows = []
+    for patch in patches:
+        result = report.result_for(patch.name)
+        assert result is not None  # apply_series reports every patch it was given
+        rows.append(
+            decisions.audit_row(
+                patch,
+                result,
+                drift[patch.name],
+                release_dates or {},
+                new.version,
+                max_age_releases,
+                deps[patch.name],
+                found[patch.name],
+            )
+        )
+    return rows
