@@ -160,22 +160,40 @@ def verify_distribution(
         items = [item for item in items if item[0] in replaced or item[1][0] is None or not proven(item[0])]
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         problems = [p for p in pool.map(check, items) if p is not None]
+    problems += _added_problems(site_packages, recorded, replaced)
+    if check_unrecorded:
+        problems += _unrecorded(site_packages, recorded, replaced)
+    return problems
+
+
+def _added_problems(
+    site_packages: Path, recorded: dict[str, tuple[str | None, int | None]], replaced: dict[str, str]
+) -> list[Problem]:
+    """The files an overlay added (in ``replaced``, not in RECORD) that are missing or differ."""
+    problems: list[Problem] = []
     for rel in sorted(set(replaced) - set(recorded)):  # files an overlay added
         path = site_packages / rel
         if not path.is_file():
             problems.append(Problem(rel, "replaced-missing"))
         elif file_sha256(path) != replaced[rel]:
             problems.append(Problem(rel, "replaced-mismatch"))
-    if check_unrecorded:
-        known = set(recorded) | set(replaced)
-        for top in sorted(_top_level_dirs(site_packages, recorded)):
-            for dirpath, dirnames, filenames in os.walk(site_packages / top):
-                dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
-                rel_dir = Path(dirpath).relative_to(site_packages).as_posix()
-                for name in sorted(filenames):
-                    rel = f"{rel_dir}/{name}"
-                    if rel not in known:
-                        problems.append(Problem(rel, "unrecorded"))
+    return problems
+
+
+def _unrecorded(
+    site_packages: Path, recorded: dict[str, tuple[str | None, int | None]], replaced: dict[str, str]
+) -> list[Problem]:
+    """Files in the package directories that neither RECORD nor ``replaced`` lists (``__pycache__`` aside)."""
+    problems: list[Problem] = []
+    known = set(recorded) | set(replaced)
+    for top in sorted(_top_level_dirs(site_packages, recorded)):
+        for dirpath, dirnames, filenames in os.walk(site_packages / top):
+            dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+            rel_dir = Path(dirpath).relative_to(site_packages).as_posix()
+            for name in sorted(filenames):
+                rel = f"{rel_dir}/{name}"
+                if rel not in known:
+                    problems.append(Problem(rel, "unrecorded"))
     return problems
 
 
