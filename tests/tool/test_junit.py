@@ -187,3 +187,37 @@ def test_a_report_read_back_gives_the_same_outcomes(tmp_path: Path) -> None:
 def test_worst_outcome_wins_by_severity() -> None:
     assert sorted(junit.SEVERITY, key=junit.SEVERITY.get) == ["passed", "skipped", "failed", "timeout", "error"]
     assert Case("a", "a", "passed").to_json()["message"] == ""
+
+
+XUNIT1 = """<?xml version="1.0" encoding="utf-8"?>
+<testsuites><testsuite name="pytest">
+<testcase classname="" name="tests.patches.s.test_b" file="tests/patches/s/test_b.py" time="0.0">
+  <error message="collection failure">ImportError</error></testcase>
+<testcase classname="tests.patches.s.test_a.TestC" name="test_x" file="tests/patches/s/test_a.py" time="0.01">
+  <failure message="assert 0">boom</failure></testcase>
+<testcase classname="tests.patches.s.test_a" name="test_ok" file="tests/patches/s/test_a.py" time="0.0"/>
+<testcase classname="tests.patches.s.test_a" name="test_p[1]" file="tests/patches/s/test_a.py" time="0.0">
+  <skipped type="pytest.skip" message="no">skip</skipped></testcase>
+<testcase classname="tests.patches.s.test_a" name="test_slow" file="tests/patches/s/test_a.py" time="2.0">
+  <failure message="Failed: Timeout (&gt;2.0s) from pytest-timeout.">t</failure></testcase>
+<testcase classname="tests.patches.s.test_a" name="test_ok" file="tests/patches/s/test_a.py" time="0.0">
+  <error message="failed on teardown">x</error></testcase>
+<testcase classname="tests.v1.test_u" name="test_old_style" time="0.0"/>
+</testsuite></testsuites>
+"""
+
+
+def test_read_cases_ids_outcomes_and_worst_duplicate(tmp_path: Path) -> None:
+    path = tmp_path / "j.xml"
+    path.write_text(XUNIT1)
+    found = junit.read_cases(path, ["tests/v1/test_u.py"])
+    outcomes = {i: c.outcome for i, c in found.items()}
+    assert outcomes == {
+        "tests/patches/s/test_b.py::<collection>": "error",
+        "tests/patches/s/test_a.py::TestC::test_x": "failed",
+        "tests/patches/s/test_a.py::test_ok": "error",  # teardown error outranks the pass
+        "tests/patches/s/test_a.py::test_p[1]": "skipped",
+        "tests/patches/s/test_a.py::test_slow": "timeout",
+        "tests/v1/test_u.py::test_old_style": "passed",  # no file attribute: derived from classname
+    }
+    assert junit.read_cases(tmp_path / "absent.xml") == {}

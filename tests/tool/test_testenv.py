@@ -145,3 +145,18 @@ def test_a_given_env_without_vllm_is_refused_not_rebuilt(
     assert "no distribution 'vllm'" in message and "it is not rebuilt" in message
     assert env.is_dir() and sorted(p.name for p in env.iterdir()) == ["bin"]  # nothing deleted or built there
     assert not store_env.joinpath("envs").exists() or not any(store_env.joinpath("envs").glob(".*"))
+
+
+def test_env_key_follows_lock_and_pins(tmp_path: Path) -> None:
+    from vllm_overlay import lock
+
+    lock_path = tmp_path / "upstream.lock"
+    shutil.copy(Path(__file__).resolve().parents[2] / "upstream.lock", lock_path)
+    the_lock = lock.load(lock_path)
+    reqs = testenv.requirements(the_lock)
+    assert reqs[0] == f"vllm=={the_lock.version}" and any(r.startswith("pytest-timeout") for r in reqs)
+    key = testenv.env_key(the_lock, reqs)
+    assert key == testenv.env_key(the_lock, list(reqs))
+    assert key != testenv.env_key(the_lock, [*reqs, "extra==1"])
+    lock_path.write_text(lock_path.read_text() + "\n# changed\n")
+    assert key != testenv.env_key(lock.load(lock_path), reqs)

@@ -1,16 +1,14 @@
-"""testrun.verdicts: the pure rules from outcomes to verdicts (test_testrun.py has the basic red/green cases)."""
+"""testrun.verdicts: the pure rules from test outcomes to red, green and upstream verdicts."""
 
 from __future__ import annotations
 
 import pytest
 
+from tests.tool.helpers import cases
+from vllm_overlay import testrun
 from vllm_overlay.junit import Case
 from vllm_overlay.testrun import verdicts
 from vllm_overlay.testrun.verdicts import Result
-
-
-def cases(*pairs: tuple[str, str]) -> dict[str, Case]:
-    return {i: Case(i, i.split("::", 1)[0], o) for i, o in pairs}
 
 
 def test_spec_file_and_a_spec_selecting_one_test_keeps_its_files_collection_error() -> None:
@@ -165,3 +163,61 @@ def test_upstream_verdict_a_crash_the_baseline_did_not_have_is_an_error() -> Non
     assert (verdict.ok, verdict.status, verdict.detail) == (False, "error", "pytest exit code 3 (internal error)")
     verdict, _ = verdicts.upstream_verdict([base], Result(5, True, {}), spec)
     assert verdict.status == "error"  # a time limit is never excused by the baseline
+
+
+def test_red_verdicts() -> None:
+    spec = ["t/test_a.py"]
+    ok = testrun.red_verdict(spec, cases(("t/test_a.py::x", "failed"), ("t/test_a.py::y", "passed")), 1)
+    assert ok.ok and ok.status == "ok"
+    passes = testrun.red_verdict(spec, cases(("t/test_a.py::x", "passed")), 0)
+    assert not passes.ok and passes.status == "NOT-DETECTED" and "does not detect" in passes.detail
+    collect = testrun.red_verdict(spec, cases(("t/test_a.py::<collection>", "error")), 1)
+    assert not collect.ok and collect.status == "COLLECTION-ERROR"
+    errors_only = testrun.red_verdict(spec, cases(("t/test_a.py::x", "error")), 1)
+    assert not errors_only.ok and errors_only.status == "ERROR"
+    crashed = testrun.red_verdict(spec, {}, 4)
+    assert not crashed.ok and crashed.status == "error" and "usage error" in crashed.detail
+    # Two files: one detects, the other passes -> the run fails and names the file.
+    two = testrun.red_verdict(
+        ["t/test_a.py", "t/test_b.py"], cases(("t/test_a.py::x", "failed"), ("t/test_b.py::y", "passed")), 1
+    )
+    assert not two.ok and two.status == "NOT-DETECTED" and "t/test_b.py" in two.detail
+    assert not testrun.red_verdict([], {}, 0).ok
+
+
+def test_green_verdicts() -> None:
+    spec = ["t/test_a.py"]
+    assert testrun.green_verdict(spec, cases(("t/test_a.py::x", "passed"), ("t/test_a.py::y", "skipped")), 0).ok
+    failed = testrun.green_verdict(spec, cases(("t/test_a.py::x", "failed")), 1)
+    assert not failed.ok and failed.status == "FAILED"
+    skipped = testrun.green_verdict(spec, cases(("t/test_a.py::x", "skipped")), 0)
+    assert not skipped.ok and skipped.status == "ALL-SKIPPED"
+    assert not testrun.green_verdict(spec, cases(("t/test_a.py::x", "passed")), 0, timed_out=True).ok
+
+
+def test_spec_with_test_id_selects_only_its_cases() -> None:
+    found = cases(("t/test_a.py::test_x", "failed"), ("t/test_a.py::test_x[1]", "failed"), ("t/test_a.py::z", "passed"))
+    selected = {c.id for c in testrun.cases_for("t/test_a.py::test_x", found)}
+    assert selected == {"t/test_a.py::test_x", "t/test_a.py::test_x[1]"}  # its parametrized cases too
+    assert len(testrun.cases_for("t/test_a.py", found)) == 3
+
+
+def test_compare_counts_only_changes_for_the_worse() -> None:
+    before = {"a": "passed", "b": "skipped", "c": "failed", "d": "timeout", "e": "passed", "f": "error"}
+    after = {"a": "failed", "b": "error", "c": "failed", "d": "timeout", "f": "passed", "g": "failed", "h": "passed"}
+    result = testrun.compare(before, after)
+    assert [(r["id"], r["before"], r["after"]) for r in result.regressions] == [
+        ("a", "passed", "failed"),
+        ("b", "skipped", "error"),
+        ("g", "absent", "failed"),
+        ("e", "passed", "missing"),
+    ]
+    assert result.fixed == ["f"]
+    assert result.before["passed"] == 2 and result.after["failed"] == 3
+    assert testrun.compare(before, dict(before, e="timeout")).regressions[0]["after"] == "timeout"
+    assert testrun.compare(before, before).regressions == []
+
+
+def test_parse_specs_drops_none() -> None:
+    assert testrun.parse_specs(["none"]) == []
+    assert testrun.parse_specs(["tests/a.py", "-"]) == ["tests/a.py"]

@@ -1,0 +1,81 @@
+"""A whole test-patches session on fake patches over a fake vllm: red -> green proven, failures named, usage errors."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+from tests.tool.helpers import (
+    RED_GREEN_TEST,
+    add_patch,
+    fix_line_one,
+    replace_line,
+    run_cli,
+)
+from vllm_overlay import cli, record
+
+
+def test_whole_run_proves_red_green_and_upstream(fake_project: dict, tmp_path: Path, capsys) -> None:
+    add_patch(fake_project, "Fix line one", "alpha", fix_line_one, RED_GREEN_TEST, "tests/test_core_upstream.py")
+    code, data, xml_root = run_cli(fake_project, tmp_path)
+    out = capsys.readouterr()
+    assert code == 0, out.out + out.err
+    (patch,) = data["patches"]
+    assert patch["red"]["ok"] and patch["green"]["ok"] and patch["upstream"]["ok"], patch
+    assert patch["upstream_before"]["passed"] == 2 and patch["upstream_regressions"] == []
+    assert data["full_series"]["ok"]
+    assert "RESULT: ok" in out.out and "alpha/fix-line-one.patch" in out.out
+    assert "red" in out.err and "green" in out.err  # progress lines
+    assert xml_root.get("failures") == "0" and int(xml_root.get("tests")) >= 4
+    # The shared environment was not modified, and a second run reuses the cached baseline.
+    assert record.verify_distribution(Path(data["environment"]["site_packages"]), "vllm") == []
+    code, data, _ = run_cli(fake_project, tmp_path, "--no-cache")
+    assert code == 0 and not data["patches"][0]["cached"] and data["pytest_processes"] == 5
+    assert not (fake_project["project"] / "build" / "patched").exists()  # apply-patches' tree untouched
+
+
+def test_failing_patches_are_named_and_fail_the_run(fake_project: dict, tmp_path: Path, capsys) -> None:
+    def no_fix(root: Path) -> None:  # the "fix" leaves line_1 alone: the test stays red
+        replace_line(root / "vllm" / "core.py", "line_30 = 30\n", "line_30 = 30  # touched\n")
+
+    def break_upstream(root: Path) -> None:
+        replace_line(root / "vllm" / "core.py", "line_2 = 2\n", "line_2 = -2\n")
+
+    add_patch(fake_project, "Claims a fix", "alpha", no_fix, RED_GREEN_TEST, "tests/test_core_upstream.py")
+    add_patch(fake_project, "Breaks upstream", "beta", break_upstream,
+              "from vllm.core import line_2\n\ndef test_neg():\n    assert line_2 == -2\n",
+              "tests/test_core_upstream.py")  # fmt: skip
+    code, data, xml_root = run_cli(fake_project, tmp_path, "--keep-going")
+    out = capsys.readouterr().out
+    assert code == 1
+    alpha, beta = data["patches"]
+    assert alpha["red"]["ok"] and alpha["green"]["status"] == "FAILED"
+    assert beta["red"]["ok"] and beta["green"]["ok"] and beta["upstream"]["status"] == "REGRESSED"
+    assert beta["upstream_regressions"] == [
+        {"id": "tests/test_core_upstream.py::test_line_two", "before": "passed", "after": "failed"}
+    ]
+    assert "RESULT: FAILED: alpha/claims-a-fix.patch" in out
+    assert int(xml_root.get("failures")) >= 2
+    # --only tests one patch, with the patches before it applied as its prefix.
+    code, data, _ = run_cli(fake_project, tmp_path, "--only", "beta")
+    assert code == 1 and [p["name"] for p in data["patches"]] == ["beta/breaks-upstream.patch"]
+    assert data["applied"] == ["alpha/claims-a-fix.patch", "beta/breaks-upstream.patch"]
+
+
+def test_test_that_passes_without_its_patch_is_not_detected(fake_project: dict, tmp_path: Path) -> None:
+    add_patch(fake_project, "Fix line one", "alpha", fix_line_one,
+              "def test_trivially_true():\n    assert True\n", "none")  # fmt: skip
+    code, data, _ = run_cli(fake_project, tmp_path)
+    assert code == 1
+    assert data["patches"][0]["red"]["status"] == "NOT-DETECTED"
+    assert data["patches"][0]["upstream"]["status"] == "n/a"
+
+
+def test_usage_errors_exit_2(fake_project: dict, tmp_path: Path) -> None:
+    add_patch(fake_project, "Fix line one", "alpha", fix_line_one, RED_GREEN_TEST, "none")
+    assert cli.main(["test-patches", "--project", str(fake_project["project"]), "--only", "nope"]) == 2
+    site = next((fake_project["env"] / "lib").glob("python*/site-packages"))
+    (site / "vllm" / "core.py").write_text(textwrap.dedent("line_1 = 100\n"))
+    code = cli.main(["test-patches", "--project", str(fake_project["project"]), "--upstream",
+                     str(fake_project["upstream"]), "--env", str(fake_project["env"])])  # fmt: skip
+    assert code == 2  # a given environment that is not pristine is refused, never rebuilt
