@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, proj: project.Project, target: Path) -> int:
     import git
 
-    from vllm_overlay import apply, apply_record, export, lock, report, series, staging, upstream_trees
+    from vllm_overlay import apply, apply_record, export, lock, series, staging, upstream_trees
     from vllm_overlay.store import Store
 
     # Input errors (lock, series, upstream, an output this tool did not publish) end in cli.main: exit 2.
@@ -147,6 +147,21 @@ def _run(args: argparse.Namespace, proj: project.Project, target: Path) -> int:
     except git.GitCommandError as exc:  # not a patch's fault (that is a status): the machine's
         output.error(f"git failed: {' '.join(map(str, exc.command))}: {str(exc.stderr).strip()}; {target} unchanged")
         return 2
+    return _report_applied(args, result, patches, the_lock, store, upstream, target)
+
+
+def _report_applied(
+    args: argparse.Namespace,
+    result: apply.Report,
+    patches: list[series.Patch],
+    the_lock: lock.Lock,
+    store: Store,
+    upstream: upstream_trees.Upstream,
+    target: Path,
+) -> int:
+    """After the apply: target drift (on another upstream), the table, the JSON report; the exit code."""
+    from vllm_overlay import apply, report, upstream_trees
+
     try:
         if upstream.kind != "locked":
             base = base_upstream(args.base_upstream, the_lock, store, upstream)
