@@ -19,6 +19,8 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from vllm_overlay import apply, cli, lock, record, series, upstream_trees
 from vllm_overlay.image import build_context
 from vllm_overlay.junit import Case
@@ -371,3 +373,11 @@ def fix_line_one(root: Path) -> None:
 
 def add_line_41(root: Path) -> None:
     replace_line(root / "vllm" / "core.py", "line_20 = 20\n", "line_20 = 20  # twenty\nline_41 = 41\n")
+
+
+def verb_help(verb: str, capsys) -> str:
+    """``--help`` of ``verb`` as the user sees it (argparse exits 0 after printing it)."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([verb, "--help"])
+    assert exit_info.value.code == 0
+    return capsys.readouterr().out

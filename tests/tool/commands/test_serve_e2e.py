@@ -1,0 +1,171 @@
+"""serve-e2e's command module: its flags, the three paths run takes, and its exit codes.
+
+Every library call behind the verb starts real vLLM servers, builds the CPU runtime (~3 GB) or
+applies both series: the tests stand in for suite.run, cpu_runtime.ensure and the module's own
+range_diff alone, at the attributes the command looks them up by (``from vllm_overlay.e2e import
+suite`` and ``from vllm_overlay import cpu_runtime`` inside run; range_diff a module global). The
+stale-carry check before serving is the real one: it only reads cpu/carried-from and patches/.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from tests.tool.helpers import verb_help
+from vllm_overlay import carry, cli, cpu_runtime
+from vllm_overlay.commands import serve_e2e
+from vllm_overlay.e2e import suite
+
+OPTIONS = (
+    "--project",
+    "--clients",
+    "--ready-timeout",
+    "--no-tamper",
+    "--out",
+    "--tp",
+    "--no-base",
+    "--streaming-input",
+    "--hang",
+    "--range-diff",
+    "--image",
+    "--runtime-only",
+    "--verdicts",
+    "--allow-stale-carry",
+)
+
+
+def carried(project: Path, digest: str | None = None) -> Path:
+    """cpu/carried-from naming ``digest`` (default: today's patches/, so the carry is current)."""
+    (project / "cpu").mkdir(exist_ok=True)
+    (project / "cpu" / "carried-from").write_text((digest or carry.series_digest(project / "patches")) + "\n")
+    return project
+
+
+@pytest.fixture
+def served(monkeypatch):
+    """suite.run replaced by a recorder returning ``served.outcome``: no server is started."""
+    recorded = SimpleNamespace(calls=[], outcome=suite.Outcome(cached={"made": "then", "key": "k1", "table": "T\n"}))
+
+    def fake_run(root, options):
+        recorded.calls.append((root, options))
+        return recorded.outcome
+
+    monkeypatch.setattr(suite, "run", fake_run)
+    return recorded
+
+
+def test_help_lists_every_option_and_the_exit_codes(capsys):
+    text = verb_help("serve-e2e", capsys)
+    assert [option for option in OPTIONS if option not in text] == []
+    assert "Exit codes: 0 every scenario passed on both runtimes" in text
+
+
+@pytest.mark.parametrize("value", ["kubernetes", "podman,podman", ",", "docker,lxc"])
+def test_an_image_engine_list_other_than_podman_and_docker_is_refused(served, capsys, value):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["serve-e2e", "--image", value])
+    assert exit_info.value.code == 2
+    assert f"{value!r}: expected podman, docker or podman,docker" in capsys.readouterr().err
+    assert served.calls == []
+
+
+@pytest.mark.parametrize("value, kept", [("podman", "podman"), (" docker , podman ", "docker,podman")])
+def test_an_image_engine_list_is_kept_in_its_order(project, served, value, kept):
+    assert cli.main(["serve-e2e", "--project", str(carried(project)), "--image", value]) == 0
+    assert served.calls[0][1].image == kept
+
+
+@pytest.mark.parametrize("flag", ["--clients", "--ready-timeout"])
+def test_a_count_that_is_not_a_number_is_refused_by_the_parser(served, capsys, flag):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["serve-e2e", flag, "lots"])
+    assert exit_info.value.code == 2
+    assert "invalid" in capsys.readouterr().err and served.calls == []
+
+
+def test_defaults_are_the_library_defaults(project, served):
+    assert cli.main(["serve-e2e", "--project", str(carried(project))]) == 0
+    assert served.calls == [(project.resolve(), suite.Options())]
+
+
+def test_every_flag_reaches_the_options(project, served, tmp_path):
+    argv = ["serve-e2e", "--project", str(carried(project)), "--clients", "9", "--ready-timeout", "12.5"]
+    argv += ["--no-tamper", "--out", str(tmp_path / "e2e"), "--tp", "--no-base", "--streaming-input", "--hang"]
+    argv += ["--image", "podman,docker", "--verdicts"]
+    assert cli.main(argv) == 0
+    [(_, options)] = served.calls
+    assert options == suite.Options(
+        clients=9,
+        ready_timeout=12.5,
+        tamper=False,
+        out=tmp_path / "e2e",
+        tp=True,
+        hang=True,
+        streaming_input=True,
+        base=False,
+        verdicts=True,
+        image="podman,docker",
+    )
+
+
+def test_the_rendered_outcome_is_printed_and_a_failed_scenario_is_exit_1(project, served, capsys):
+    assert cli.main(["serve-e2e", "--project", str(carried(project))]) == 0
+    assert capsys.readouterr().out == "(kept verdict of then, key k1)\nT\n\n"
+    served.outcome = suite.Outcome(extra=[SimpleNamespace(ok=False, name="hung step", detail="no reply")])
+    assert cli.main(["serve-e2e", "--project", str(project)]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("series sha256 ") and "| hung step | FAIL: no reply |" in out
+
+
+def test_a_stale_carry_is_exit_2_in_one_line_and_serves_nothing(project, served, capsys):
+    carried(project, "0" * 64)
+    assert cli.main(["serve-e2e", "--project", str(project)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("error: cpu/patches was carried from another patches/ (series digest 000000000000;")
+    assert len(captured.err.splitlines()) == 1 and captured.out == ""
+    assert served.calls == []
+
+
+def test_allow_stale_carry_serves_with_a_warning(project, served, capsys):
+    carried(project, "0" * 64)
+    assert cli.main(["serve-e2e", "--project", str(project), "--allow-stale-carry"]) == 0
+    assert capsys.readouterr().err.startswith("warning: cpu/patches was carried from another patches/")
+    assert len(served.calls) == 1
+
+
+def test_a_carry_that_names_no_source_is_exit_2(project, served, capsys):
+    assert cli.main(["serve-e2e", "--project", str(project), "--allow-stale-carry"]) == 2
+    assert capsys.readouterr().err == (
+        f"error: {project.resolve() / 'cpu' / 'carried-from'}: missing: the carry does not say which patches/ "
+        "it was carried from\n"
+    )
+    assert served.calls == []
+
+
+def test_runtime_only_prints_the_runtimes_interpreter_and_serves_nothing(project, served, monkeypatch, capsys):
+    asked = []
+    monkeypatch.setattr(cpu_runtime, "load", lambda path: asked.append(path) or "the-runtime-lock")
+    monkeypatch.setattr(
+        cpu_runtime, "ensure", lambda the_lock, store: SimpleNamespace(python=Path(f"/cache/{the_lock}/bin/python"))
+    )
+    assert cli.main(["serve-e2e", "--project", str(project), "--runtime-only"]) == 0
+    assert capsys.readouterr().out == "/cache/the-runtime-lock/bin/python\n"
+    assert asked == [project.resolve() / "cpu" / "runtime.lock"]
+    assert served.calls == []  # no stale-carry check either: cpu/carried-from is absent here
+
+
+def test_runtime_only_without_a_runtime_lock_is_exit_2(project, served, capsys, store_env):
+    """The real cpu_runtime.load: the lock is read before the cache is touched."""
+    assert cli.main(["serve-e2e", "--project", str(project), "--runtime-only"]) == 2
+    assert capsys.readouterr().err == f"error: {project.resolve() / 'cpu' / 'runtime.lock'}: not found\n"
+    assert not store_env.exists()
+
+
+def test_range_diff_prints_the_diff_and_serves_nothing(project, served, monkeypatch, capsys):
+    monkeypatch.setattr(serve_e2e, "range_diff", lambda root: f"1:  abc = 1:  def {root.name}")
+    assert cli.main(["serve-e2e", "--project", str(project), "--range-diff"]) == 0
+    assert capsys.readouterr().out == "1:  abc = 1:  def project\n"
+    assert served.calls == []
