@@ -28,7 +28,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vllm_overlay import indexes, output, project
+from vllm_overlay import atomicfile, indexes, output, project
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -70,8 +70,7 @@ def run(args: argparse.Namespace) -> int:
     table = markdown(result.rows, result.old.label, result.new.label)
     output.result(table)
     if args.markdown:
-        args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        args.markdown.write_text(table, encoding="utf-8")
+        atomicfile.write_bytes(args.markdown, table.encode("utf-8"))
     if args.json:
         report.write_json(
             {
@@ -83,8 +82,7 @@ def run(args: argparse.Namespace) -> int:
             args.json,
         )
     if args.range_diff:
-        args.range_diff.parent.mkdir(parents=True, exist_ok=True)
-        args.range_diff.write_text(result.range_diff, encoding="utf-8")
+        atomicfile.write_bytes(args.range_diff, result.range_diff.encode("utf-8"))
     else:
         output.info("range-diff (old series vs the series on the new upstream):")
         output.result(result.range_diff)

@@ -22,6 +22,10 @@ from pathlib import Path
 
 from vllm_overlay import output, project
 
+# --upstream-style without TREE: a marker no path given on the command line can equal (Path() would
+# equal an explicit "--upstream-style .").
+PATCHED_TREE = object()
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     project.add_project_argument(parser)
@@ -30,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--upstream-style",
         type=Path,
         nargs="?",
-        const=Path(),
+        const=PATCHED_TREE,
         default=None,
         metavar="TREE",
         help="also check the patched files against upstream's ruff configuration, pristine beside patched "
@@ -50,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     output.info("patches/: no problems")
     if args.upstream_style is not None:
-        tree = args.upstream_style if args.upstream_style != Path() else proj.patched_tree
+        tree = proj.patched_tree if args.upstream_style is PATCHED_TREE else args.upstream_style
         return _upstream_style(tree)
     return 0
 

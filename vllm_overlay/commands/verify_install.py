@@ -17,7 +17,7 @@ import json
 import time
 from pathlib import Path
 
-from vllm_overlay import lock, output, project, shadow
+from vllm_overlay import atomicfile, lock, output, project, shadow
 from vllm_overlay.image import verify
 
 
@@ -25,7 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     project.add_project_argument(parser)
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--site-packages", type=Path, default=None, help="directory holding vllm/ and its dist-info")
-    where.add_argument("--python", default="python3", help="use this interpreter's vllm (default: python3)")
+    # No default in the parser: argparse lets an option that equals its default pass a mutually exclusive
+    # group, so "--site-packages X --python python3" would be taken with --python ignored.
+    where.add_argument("--python", default=None, help="use this interpreter's vllm (default: python3)")
     parser.add_argument("--manifest", type=Path, default=None, help="overlay manifest (default: the installed one)")
     parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the result as JSON")
 
@@ -34,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     proj = project.from_args(args)
     try:
         the_lock = lock.load(proj.lock_file)
-        site = args.site_packages or shadow.installed_package_dir(args.python).parent
+        site = args.site_packages or shadow.installed_package_dir(args.python or "python3").parent
         manifest, origin = verify.choose_manifest(site, args.manifest, the_lock)
     except (lock.LockError, FileNotFoundError, OSError, ValueError) as exc:
         output.error(str(exc))
@@ -47,8 +49,7 @@ def run(args: argparse.Namespace) -> int:
         output.error(problem)
     if args.json:
         report = {"site_packages": str(site), "manifest": origin, "ok": not problems, "problems": problems}
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        atomicfile.write_bytes(args.json, (json.dumps(report, indent=2) + "\n").encode("utf-8"))
     replaced = len(manifest.get("files", {}))
     if problems:
         output.result(f"FAILED: {len(problems)} difference(s) in {site} ({seconds:.1f} s)")

@@ -84,6 +84,12 @@ def test_upstream_style_without_a_tree_checks_build_patched(project, recorded_li
     assert styled == [project.resolve() / "build" / "patched"]
 
 
+def test_upstream_style_of_the_current_directory_checks_it(project, recorded_lint, styled):
+    # "." given on purpose must not read as "no TREE" (build/patched).
+    assert cli.main(["lint-patches", "--project", str(project), "--upstream-style", "."]) == 0
+    assert styled == [Path(".")]
+
+
 def test_upstream_style_with_a_tree_checks_that_tree(project, recorded_lint, styled, tmp_path):
     assert cli.main(["lint-patches", "--project", str(project), "--upstream-style", str(tmp_path / "mine")]) == 0
     assert styled == [tmp_path / "mine"]

@@ -39,10 +39,11 @@ def test_help_lists_every_option_and_the_exit_codes(capsys):
 
 
 def test_site_packages_and_python_together_are_refused_by_the_parser(capsys, tmp_path):
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main(["verify-install", "--site-packages", str(tmp_path), "--python", "/usr/bin/python3"])
-    assert exit_info.value.code == 2
-    assert "not allowed with argument" in capsys.readouterr().err
+    for python in ("/usr/bin/python3", "python3"):  # python3 too: the default must not slip through
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main(["verify-install", "--site-packages", str(tmp_path), "--python", python])
+        assert exit_info.value.code == 2
+        assert "not allowed with argument" in capsys.readouterr().err
 
 
 def test_a_pristine_site_packages_is_verified_against_the_lock(proj, site, capsys):
