@@ -97,10 +97,10 @@ def _export(args: argparse.Namespace, proj: project.Project, repo_dir: Path) -> 
 def refresh_dockerfile(proj: project.Project) -> None:
     """Sync the Dockerfile's generated parts after patches/ changed; a warning (not a failure) if it cannot."""
     from vllm_overlay import lock, series  # image (and its SBOM library) only when writing
-    from vllm_overlay.image import build_context, dockerfile
+    from vllm_overlay.image import build, build_context
 
     try:
-        lines = dockerfile.refresh_project_dockerfile(proj, lock.load(proj.lock_file), series.load_series(proj.patches))
+        lines = build.refresh_project_dockerfile(proj, lock.load(proj.lock_file), series.load_series(proj.patches))
     except (lock.LockError, series.SeriesError, build_context.ImageError) as exc:
         output.warn(
             f"Dockerfile not updated ({exc}); run scripts/apply-patches (a commit exported for the first time "

@@ -9,15 +9,19 @@ lines. Input, usage and engine errors raise (:class:`vllm_overlay.errors.InputEr
 
 from __future__ import annotations
 
+import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from vllm_overlay import lock, output, series
 from vllm_overlay.image import build_context, dockerfile, engine
 from vllm_overlay.image.build_context import BuildContext
 from vllm_overlay.image.engine import Options as EngineOptions
+from vllm_overlay.lock import Lock
 from vllm_overlay.project import Project
+from vllm_overlay.series import Patch
 
 STEPS = 6  # staging, staged, engine, building, verifying, done
 
@@ -193,3 +197,20 @@ def _added(eng: engine.Engine, base: str, tag: str) -> tuple[int, int | None]:
         full, base_size = eng.image_size(tag), eng.image_size(base)
         added_total = full - base_size if full and base_size else None
     return len(added), added_total
+
+
+def refresh_project_dockerfile(project: Project, the_lock: Lock, patches: list[Patch]) -> int:
+    """Bring the project's Dockerfile in line with the series after patches/ changed (export, bump).
+
+    Stages into a scratch directory at the series' own epoch (build/image is left as it was) and
+    writes the generated parts. Returns the number of Dockerfile lines that changed.
+    """
+    project.build.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".dockerfile-sync-", dir=project.build) as scratch:
+        context = build_context.stage(
+            project, the_lock, patches, dest=Path(scratch) / "image", epoch=build_context.series_epoch(patches)
+        )
+        stale = dockerfile.stale_dockerfile_lines(project, context)
+        if stale:
+            dockerfile.sync_dockerfile(project, context)
+    return len(stale)

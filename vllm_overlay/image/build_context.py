@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from pathlib import Path, PurePosixPath
 
@@ -33,6 +32,7 @@ from vllm_overlay import export, patched_repo, record, staging
 from vllm_overlay.image import dockerfile, labels, sbom
 from vllm_overlay.image.errors import ImageError
 from vllm_overlay.image.labels import sha256_bytes
+from vllm_overlay.image.model import BuildContext, SeriesLayer, ShippedFile
 from vllm_overlay.lock import Lock
 from vllm_overlay.patched_repo import PATCH_FILE_TRAILER
 from vllm_overlay.project import Project
@@ -43,59 +43,6 @@ MANIFEST_NAME = "manifest.json"
 RECORD_COPY = "_record.py"
 PACKAGE_DIR = "vllm"
 SKIP_NAMES = {"__pycache__", ".ruff_cache", ".pytest_cache", ".mypy_cache"}
-
-
-@dataclass(frozen=True)
-class ShippedFile:
-    path: str  # relative to site-packages: vllm/...
-    sha256: str
-    size: int
-    change: str  # modified | added
-    executable: bool = False
-
-    def to_json(self) -> dict[str, object]:
-        return {"path": self.path, "sha256": self.sha256, "size": self.size, "change": self.change}
-
-
-@dataclass
-class SeriesLayer:
-    name: str
-    layer: str  # directory under layers/, e.g. 01-loader-layouts
-    patches: list[dict[str, str]] = field(default_factory=list)
-    files: list[ShippedFile] = field(default_factory=list)
-    end_commit: str = ""
-
-    @property
-    def bytes(self) -> int:
-        return sum(f.size for f in self.files)
-
-
-@dataclass
-class BuildContext:
-    """A staged build context: its directory, layers, manifest, and what the build gets (arguments, labels)."""
-
-    root: Path
-    layers: list[SeriesLayer]
-    manifest: dict
-    build_args: dict[str, str]
-    labels: dict[str, str]
-    unshipped: list[dict]
-    source_date_epoch: int
-    dockerfile_block: str
-    # ROOT_DEFAULTS as the project's Dockerfile must carry them; None when staged at another epoch
-    root_defaults: dict[str, str] | None
-
-    @property
-    def dockerfile(self) -> Path:
-        return self.root / "Dockerfile"
-
-    @property
-    def series_sha256(self) -> str:
-        return self.manifest["series_sha256"]
-
-    @property
-    def staged_bytes(self) -> int:
-        return sum(p.stat().st_size for p in self.root.rglob("*") if p.is_file())
 
 
 def _git(repo: Path, *args: str, binary: bool = False) -> str | bytes:

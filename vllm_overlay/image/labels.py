@@ -18,7 +18,7 @@ from vllm_overlay.lock import Lock
 from vllm_overlay.series import Patch
 
 if TYPE_CHECKING:
-    from vllm_overlay.image.build_context import SeriesLayer
+    from vllm_overlay.image.model import SeriesLayer
 
 MANIFEST_FORMAT = 1
 # ARG defaults of the project's Dockerfile that follow from upstream.lock and the series alone.
