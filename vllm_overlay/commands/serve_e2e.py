@@ -13,15 +13,20 @@ build/cpu/e2e/results.md and results.json. With --image podman (or docker) the s
 also served from images: the runtime as a base image, the carried series built over it with the
 project's Dockerfile (vllm_overlay.e2e.container). See docs/e2e.md.
 
-Exit codes: 0 every scenario passed on both runtimes; 1 a scenario failed; 2 usage, input or setup error.
+Exit codes: 0 every scenario passed on both runtimes; 1 a scenario failed; 2 usage, input or setup error;
+130 interrupted (Ctrl-C or SIGTERM: every server the run started is stopped first).
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from vllm_overlay import output, project
+from vllm_overlay import interrupts, output, project
+
+if TYPE_CHECKING:
+    from vllm_overlay.e2e import suite
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -105,7 +110,20 @@ def run(args: argparse.Namespace) -> int:
         raise carry.CarryError(stale)
     if stale:
         output.warn(stale)
-    outcome = suite.run(
+    try:
+        with interrupts.terminate_as_interrupt():  # SIGTERM too: the servers stop in the suite's finally blocks
+            outcome = _serve(root, args)
+    except KeyboardInterrupt:
+        output.error("interrupted: every server this run started was stopped; no verdict kept")
+        return 130
+    output.result(suite.render(outcome))
+    return 0 if outcome.ok else 1
+
+
+def _serve(root: Path, args: argparse.Namespace) -> suite.Outcome:
+    from vllm_overlay.e2e import suite
+
+    return suite.run(
         root,
         suite.Options(
             clients=args.clients,
@@ -120,8 +138,6 @@ def run(args: argparse.Namespace) -> int:
             image=args.image,
         ),
     )
-    output.result(suite.render(outcome))
-    return 0 if outcome.ok else 1
 
 
 def range_diff(root: Path) -> str:

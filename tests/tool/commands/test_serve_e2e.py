@@ -9,6 +9,9 @@ stale-carry check before serving is the real one: it only reads cpu/carried-from
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -169,3 +172,32 @@ def test_range_diff_prints_the_diff_and_serves_nothing(project, served, monkeypa
     assert cli.main(["serve-e2e", "--project", str(project), "--range-diff"]) == 0
     assert capsys.readouterr().out == "1:  abc = 1:  def project\n"
     assert served.calls == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_the_run_through_its_cleanup_and_is_exit_130(project, monkeypatch, capsys, sig):
+    """SIGTERM as Ctrl-C: the suite's finally blocks (where its servers stop) run, then one line, 130."""
+    cleaned: list[str] = []
+
+    def run_until_signalled(root, options):  # stands in for the servers: a block a signal must cut
+        try:
+            os.kill(os.getpid(), sig)
+            time.sleep(10)
+            raise AssertionError("the signal did not interrupt the run")
+        finally:
+            cleaned.append("servers stopped")
+
+    monkeypatch.setattr(suite, "run", run_until_signalled)
+    # SIGINT as a terminal delivers it (a run started in the background inherits it ignored).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    started = time.monotonic()
+    try:
+        assert cli.main(["serve-e2e", "--project", str(carried(project))]) == 130
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert time.monotonic() - started < 5 and cleaned == ["servers stopped"]
+    err = capsys.readouterr().err
+    assert [line for line in err.splitlines() if line.startswith("error:")] == [
+        "error: interrupted: every server this run started was stopped; no verdict kept"
+    ]
+    assert signal.getsignal(signal.SIGTERM) is not serve_e2e.interrupts._raise_interrupt  # handler given back
