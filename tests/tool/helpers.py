@@ -23,6 +23,7 @@ import pytest
 
 from vllm_overlay import apply, cli, lock, record, series, upstream_trees
 from vllm_overlay.image import build_context
+from vllm_overlay.image.model import BuildContext
 from vllm_overlay.junit import Case
 from vllm_overlay.project import Project
 from vllm_overlay.store import Store
@@ -381,3 +382,18 @@ def verb_help(verb: str, capsys) -> str:
         cli.main([verb, "--help"])
     assert exit_info.value.code == 0
     return capsys.readouterr().out
+
+
+def bare_build_context(root: Path, manifest: dict | None = None) -> BuildContext:
+    """A build context of no layers, built directly (no staging): for code that reads one."""
+    return BuildContext(
+        root=root,
+        layers=[],
+        manifest={"series_sha256": "ab" * 32, **(manifest or {})},
+        build_args={},
+        labels={},
+        unshipped=[],
+        source_date_epoch=0,
+        dockerfile_block="",
+        root_defaults=None,
+    )

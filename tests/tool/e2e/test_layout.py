@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tool.helpers import make_site
+from tests.tool.helpers import bare_build_context, make_site
 from vllm_overlay import testenv
 from vllm_overlay.e2e import layout
 from vllm_overlay.errors import InputError
@@ -19,17 +19,7 @@ from vllm_overlay.image import build_context
 
 
 def _context(root: Path) -> build_context.BuildContext:
-    return build_context.BuildContext(
-        root=root,
-        layers=[],
-        manifest={"series_sha256": "ab" * 32, "upstream": {"version": "0.33.0"}},
-        build_args={},
-        labels={},
-        unshipped=[],
-        source_date_epoch=0,
-        dockerfile_block="",
-        root_defaults=None,
-    )
+    return bare_build_context(root, {"upstream": {"version": "0.33.0"}})
 
 
 def test_status_commands_are_the_dockerfiles_compile_then_verify(tmp_path: Path) -> None:

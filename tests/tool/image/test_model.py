@@ -2,23 +2,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from vllm_overlay.image.model import BuildContext, SeriesLayer, ShippedFile
-
-
-def _context(root: Path, layers: list[SeriesLayer]) -> BuildContext:
-    return BuildContext(
-        root=root,
-        layers=layers,
-        manifest={"series_sha256": "ab" * 32},
-        build_args={},
-        labels={},
-        unshipped=[],
-        source_date_epoch=0,
-        dockerfile_block="",
-        root_defaults=None,
-    )
+from tests.tool.helpers import bare_build_context
+from vllm_overlay.image.model import SeriesLayer, ShippedFile
 
 
 def test_a_layer_weighs_the_files_it_ships():
@@ -36,7 +21,7 @@ def test_the_context_names_its_dockerfile_series_and_the_bytes_it_holds(tmp_path
     (tmp_path / "layers" / "01-alpha").mkdir(parents=True)
     (tmp_path / "layers" / "01-alpha" / "a.py").write_bytes(b"x" * 7)
     (tmp_path / "Dockerfile").write_bytes(b"FROM scratch\n")
-    context = _context(tmp_path, [])
+    context = bare_build_context(tmp_path)
     assert context.dockerfile == tmp_path / "Dockerfile"
     assert context.series_sha256 == "ab" * 32
     assert context.staged_bytes == 7 + len(b"FROM scratch\n")
