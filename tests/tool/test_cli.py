@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.tool.helpers import REPO_ROOT
+from tests.tool.helpers import REPO_ROOT, verb_help
 from vllm_overlay import cli, testenv
 from vllm_overlay.commands import patch_tests
 
@@ -109,3 +109,8 @@ def test_no_command_imports_the_dispatcher_or_another_command():
             if parts[:2] == ["vllm_overlay", "commands"] and len(parts) > 2 and parts[2] in verbs - {path.stem}:
                 offending.add((path.stem, parts[2]))
     assert offending == set(), sorted(offending)
+
+
+def test_every_verbs_help_says_its_exit_codes(capsys):
+    missing = [verb for verb in cli.VERBS if "Exit codes" not in verb_help(verb, capsys)]
+    assert missing == []

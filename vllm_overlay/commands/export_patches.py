@@ -15,6 +15,9 @@ its place in patches/series are left as they are.
 It reads the patched repository under that tree's lock (an apply-patches run replacing it is
 waited for) and writes patches/ under patches/'s own lock (one export at a time); --no-wait exits 2
 instead of waiting.
+
+Exit codes: 0 exported (or, with --check, up to date); 1 --check found patches/ stale; 2 usage or
+input error (a tree on another upstream, a refused commit, a lock held with --no-wait).
 """
 
 from __future__ import annotations

@@ -1,4 +1,11 @@
-"""``with-patched-vllm``: run a command with a patched tree's vllm files laid over the install."""
+"""``with-patched-vllm``: run a command with a patched tree's vllm files laid over the install.
+
+The files the tree changes against its upstream base are laid over the interpreter's installed
+vllm package as a shadow on PYTHONPATH; the installation itself is never modified.
+
+Exit codes: the command's own; 2 no command given, or a usage or input error (a base that is not a
+revision of the tree, an interpreter without vllm).
+"""
 
 from __future__ import annotations
 
