@@ -23,9 +23,10 @@ GB = 1000**3
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     project.add_project_argument(parser)
-    parser.add_argument("--prune", action="store_true", help="remove stale environments and unfinished builds")
+    mode = parser.add_mutually_exclusive_group()  # --env-python with --prune would silently not prune
+    mode.add_argument("--prune", action="store_true", help="remove stale environments and unfinished builds")
     parser.add_argument("--dry-run", action="store_true", help="with --prune: list what would be removed")
-    parser.add_argument(
+    mode.add_argument(
         "--env-python",
         action="store_true",
         help="print the interpreter of this lock's test environment (verified pristine; built if missing), "
@@ -44,12 +45,12 @@ def run(args: argparse.Namespace) -> int:
     proj = project.from_args(args)
     the_lock = lock.load(proj.lock_file)
     store = Store()
-    if args.env_python:
-        print(testenv.ensure(the_lock, store).python)
-        return 0
     if args.dry_run and not args.prune:
         output.error("--dry-run only goes with --prune")
         return 2
+    if args.env_python:
+        print(testenv.ensure(the_lock, store).python)
+        return 0
     if args.prune:
         removed = cache.prune(store, the_lock, dry_run=args.dry_run)
         verb = "would remove" if args.dry_run else "removed"

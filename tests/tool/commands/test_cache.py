@@ -54,6 +54,18 @@ def test_env_python_prints_the_interpreter_of_this_locks_environment(project, st
     assert asked == [(lock.load(project / "upstream.lock"), store_env)]
 
 
+@pytest.mark.parametrize("extra", [["--prune"], ["--dry-run"], ["--prune", "--dry-run"]])
+def test_env_python_with_prune_or_dry_run_is_refused_not_half_done(project, store_env, capsys, monkeypatch, extra):
+    monkeypatch.setattr(testenv, "ensure", lambda *a: pytest.fail("--env-python ran beside a prune option"))
+    try:  # argparse refuses --prune beside --env-python; run() refuses --dry-run without --prune
+        code = cli.main(["cache", "--project", str(project), "--env-python", *extra])
+    except SystemExit as exc:
+        code = exc.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "not allowed with argument" in err or err == "error: --dry-run only goes with --prune\n"
+
+
 @pytest.mark.parametrize("dry_run, verb", [(False, "removed"), (True, "would remove")])
 def test_prune_passes_dry_run_and_prints_each_removed_entry(project, store_env, capsys, monkeypatch, dry_run, verb):
     asked = []
