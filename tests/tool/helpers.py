@@ -123,9 +123,12 @@ def retarget(path, target):
 
 
 class Forked:
-    """``cli.main(argv)`` in a forked child: a real process to kill or signal, without an interpreter's start-up."""
+    """``cli.main(argv)`` (or ``run()``) in a forked child: a real process to kill or signal, without an
+    interpreter's start-up. What the child writes to stderr comes back through a pipe."""
 
-    def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, argv: list[str] | None = None, env: dict[str, str] | None = None, run: Callable[[], int] | None = None
+    ) -> None:
         read, write = os.pipe()
         self.pid = os.fork()
         if self.pid == 0:  # the child: never returns into pytest
@@ -134,11 +137,12 @@ class Forked:
                 # Ctrl-C as a terminal delivers it: a run started in the background by a shell without
                 # job control (`cmd &` in a script) inherits SIGINT ignored, and Python then keeps it so.
                 signal.signal(signal.SIGINT, signal.default_int_handler)
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 os.dup2(write, 2)
                 sys.stderr = open(2, "w", buffering=1, closefd=False)
                 sys.stdout = open(os.devnull, "w")
                 os.environ.update(env or {})
-                code = cli.main(argv)
+                code = run() if run is not None else cli.main(argv or [])
             except BaseException:
                 traceback.print_exc()
             finally:

@@ -8,43 +8,27 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable
-from typing import IO
 
-from tests.tool.helpers import alive
+from tests.tool.helpers import Forked, alive
 from vllm_overlay import interrupts
 
 
-class Child:
+class Child(Forked):
     """``body(say)`` in a forked child; ``say`` writes a line to the parent. Its return value is the exit code."""
 
     def __init__(self, body: Callable[[Callable[[str], None]], int]) -> None:
-        read, write = os.pipe()
-        self.pid = os.fork()
-        if self.pid == 0:
-            code = 99
-            try:
-                os.close(read)
-                signal.signal(signal.SIGINT, signal.default_int_handler)
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                stream: IO[str] = os.fdopen(write, "w", buffering=1)
-                code = body(lambda line: print(line, file=stream, flush=True))
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                os._exit(code)
-        os.close(write)
-        self.lines = os.fdopen(read, "r")
+        super().__init__(run=lambda: body(lambda line: print(line, file=sys.stderr, flush=True)))
 
     def line(self) -> str:
-        return self.lines.readline().strip()
+        return self.stderr.readline().strip()
 
-    def wait(self) -> tuple[int, list[str]]:
-        rest = self.lines.read().splitlines()
-        return os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1]), rest
+    def wait(self) -> tuple[int, list[str]]:  # type: ignore[override]
+        code, rest = super().wait()
+        return code, rest.splitlines()
 
 
 def test_sigterm_raises_keyboard_interrupt_inside_the_block_only() -> None:
