@@ -70,8 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     chosen = _chosen_verb(argv)
     args = build_parser([chosen] if chosen else []).parse_args(argv)
-    if getattr(args, "index_url", None):
-        indexes.set_override(args.index_url)
+    index_url = getattr(args, "index_url", None)
+    if index_url:
+        indexes.set_override(index_url)
     try:
         # Only options that name a file: serve-e2e's --range-diff is a switch (it prints the diff).
         destinations = {name: getattr(args, name, None) for name in REPORT_OPTIONS}
@@ -81,6 +82,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except errors.InputError as exc:  # the one error path: every input error is one line and exit 2
         output.error(str(exc))
         return exc.exit_code
+    finally:
+        if index_url:  # this run's alone: a later run in the same process reads pip's configuration again
+            indexes.set_override(None)
 
 
 if __name__ == "__main__":

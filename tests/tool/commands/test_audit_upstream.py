@@ -43,8 +43,7 @@ def upstream(label: str) -> upstream_trees.Upstream:
 @pytest.fixture
 def audited(monkeypatch):
     """run_audit and release_dates replaced by recorders; run_audit returns ``audited.result``."""
-    recorded = SimpleNamespace(calls=[], dates_asked=[], rows=[row(Decision.KEEP)])
-    monkeypatch.setattr(indexes, "_override", None)  # cli.main sets it from --index-url: undone after the test
+    recorded = SimpleNamespace(calls=[], dates_asked=[], indexes_read=[], rows=[row(Decision.KEEP)])
 
     def fake_release_dates(project):
         recorded.dates_asked.append(project)
@@ -55,6 +54,7 @@ def audited(monkeypatch):
             {"patches": patches, "lock": the_lock, "store": store.root, "spec": spec, "max_age": max_age}
             | {"dates": dates, "old_spec": old_spec}
         )
+        recorded.indexes_read.append(indexes.configured())
         progress(1, 1, "demo/a.patch")
         return SimpleNamespace(
             old=upstream("0.33.0"),
@@ -111,7 +111,8 @@ def test_every_flag_reaches_run_audit(project, store_env, audited):
     [call] = audited.calls
     assert (call["spec"], call["old_spec"], call["max_age"], call["dates"]) == ("/src/vllm", "repo@v0.32.0", 7, {})
     assert audited.dates_asked == []  # --offline: the index is not asked for release dates
-    assert indexes.configured() == ["file:///srv/index"]
+    assert audited.indexes_read == [["file:///srv/index"]]  # the index the audit reads
+    assert indexes.configured() != ["file:///srv/index"]  # and only that run's
 
 
 def test_the_table_goes_to_stdout_and_the_range_diff_after_it(project, store_env, audited, capsys):

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.tool.helpers import verb_help
-from vllm_overlay import bump, cli, indexes, interrupts, lock, upstream_trees
+from vllm_overlay import bump, cli, interrupts, lock, upstream_trees
 from vllm_overlay.commands import bump as bump_command
 
 OPTIONS = ("--project", "--index-url", "--continue", "--abort", "--repo", "--no-test", "--allow-downgrade")
@@ -33,11 +33,6 @@ UPSTREAM = {
 
 def upstream(**fields) -> upstream_trees.Upstream:
     return upstream_trees.Upstream(**{**UPSTREAM, **fields})
-
-
-@pytest.fixture(autouse=True)
-def no_index_override(monkeypatch):
-    monkeypatch.setattr(indexes, "_override", None)  # cli.main sets it from --index-url: undone after the test
 
 
 @pytest.fixture

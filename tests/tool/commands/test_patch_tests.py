@@ -46,10 +46,10 @@ def calls(monkeypatch):
 
     def fake_run_patch_tests(proj, options):
         recorded.append((proj, options))
+        recorded.indexes = indexes.configured()  # what the run reads
         return recorded.result
 
     monkeypatch.setattr(testrun, "run_patch_tests", fake_run_patch_tests)
-    monkeypatch.setattr(indexes, "_override", None)  # cli.main sets it from --index-url: undone after the test
     return recorded
 
 
@@ -94,7 +94,8 @@ def test_every_flag_reaches_the_options(project, calls, tmp_path):
         use_cache=False,
         workdir=tmp_path / "work",
     )
-    assert indexes.configured() == ["file:///srv/index"]  # --index-url is the index the run reads
+    assert calls.indexes == ["file:///srv/index"]  # --index-url is the index the run reads
+    assert indexes.configured() != ["file:///srv/index"]  # and only that run's: the process's next run reads pip's
 
 
 @pytest.mark.parametrize("code", [0, 1])
