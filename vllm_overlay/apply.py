@@ -15,14 +15,16 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import git
-
-from vllm_overlay import apply_record, faults, interrupts, linkcopy, patched_repo, paths, staging
+from vllm_overlay import apply_record, faults, interrupts, linkcopy, paths, staging
 from vllm_overlay.classify import FUZZ_CONTEXT, PatchResult, Status, apply_check, classify
 from vllm_overlay.errors import InputError
 from vllm_overlay.series import Patch, as_git_am_reads
 from vllm_overlay.upstream_trees import Upstream
+
+if TYPE_CHECKING:  # GitPython is imported where a tree is built: an unchanged re-apply never needs it
+    import git
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,8 @@ def commit_patch(repo: git.Repo, patch: Patch, mail: Path, status: Status) -> st
     ``interpret-trailers`` adds it there exactly as ``git commit --amend --trailer`` would (same
     commit ids), and the amend, which reads and rewrites the whole index again, is saved.
     """
+    from vllm_overlay import patched_repo
+
     flags = ["--quiet", "--keep-cr"]
     if status is Status.FUZZ:
         flags.append(f"-C{FUZZ_CONTEXT}")
@@ -211,6 +215,39 @@ def apply_series(
         )
 
 
+def unchanged_report(
+    output: Path,
+    lock_sha256: str,
+    upstream: dict[str, object],
+    options: Options,
+    mails: list[tuple[str, bytes]],
+    wait: bool = True,
+    on_wait: Callable[[int | None], None] | None = None,
+) -> Report | None:
+    """The report of a re-apply of the whole series that would rebuild nothing, from ``output``'s record alone.
+
+    Answered before any upstream is obtained: ``upstream`` is the locked upstream as its import
+    recorded it (``upstream_trees.imported_locked``), ``mails`` the patch files as read (name,
+    bytes). Under the output's lock, as every apply: ``output`` must be a tree this tool published
+    (OutputNotOurs otherwise), and a killed run's leftovers beside it are removed. None when
+    anything differs, the output included (the caller then runs the whole apply, which may still
+    reuse a prefix); nothing is written either way.
+    """
+    output = output.resolve()
+    staging.check_replaceable(output)
+    if not output.is_dir():
+        return None
+    with staging.output_lock(output, wait=wait, on_wait=on_wait):
+        staging.check_replaceable(output)
+        staging.remove_leftovers(output)
+        flags = (options.allow_offset, options.allow_fuzz, options.three_way)
+        answer = apply_record.unchanged_results(output, lock_sha256, upstream, flags, mails)
+    if answer is None:
+        return None
+    recorded_upstream, results = answer
+    return Report(Upstream(**recorded_upstream), str(output), results, published=True, unchanged=True)
+
+
 def _apply_locked(
     output: Path,
     patches: list[Patch],
@@ -304,6 +341,8 @@ def _apply_on_prefix(
     except OSError:
         shutil.rmtree(area.tree, ignore_errors=True)
         return None
+    import git
+
     mails = write_mails(patches, area.mails)
     repo = git.Repo(area.tree)
     repo.git.config("core.trustctime", "false")  # the hard links changed every file's ctime
@@ -325,6 +364,8 @@ def _apply_in(
     partial: bool = False,
 ) -> list[PatchResult]:
     """Check out ``upstream`` in the staging area and classify (and commit, where accepted) each patch."""
+    from vllm_overlay import patched_repo
+
     mails = write_mails(patches, area.mails)
     repo = checkout(area.tree)
     patched_repo.record_upstream(repo, upstream.commit, partial=partial)

@@ -19,17 +19,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import git
-
-from vllm_overlay import atomicfile
+from vllm_overlay import atomicfile, gitenv, staging
 from vllm_overlay import lock as lockfile
 from vllm_overlay.classify import HunkNote, PatchResult, Status
-from vllm_overlay.lock import Lock
 from vllm_overlay.series import Patch, as_git_am_reads
-from vllm_overlay.upstream_trees import Upstream
+
+if TYPE_CHECKING:
+    from vllm_overlay.lock import Lock
+    from vllm_overlay.upstream_trees import Upstream
 
 RECORD_FILE = "vllm-overlay-applied.json"
 FORMAT = 1
@@ -50,9 +52,9 @@ def engine_digest() -> str:
     return digest.hexdigest()
 
 
-def mail_digest(patch: Patch) -> str:
-    """sha256 of the patch's mail exactly as git reads it (``series.as_git_am_reads``)."""
-    return hashlib.sha256(as_git_am_reads(patch.raw)).hexdigest()
+def mail_digest(patch: Patch | bytes) -> str:
+    """sha256 of the patch's mail exactly as git reads it (``series.as_git_am_reads``); a patch or its file's bytes."""
+    return hashlib.sha256(as_git_am_reads(patch if isinstance(patch, bytes) else patch.raw)).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -77,19 +79,23 @@ class Inputs:
 
 def inputs_for(the_lock: Lock, upstream: Upstream, options: tuple[bool, bool, bool], partial: bool) -> Inputs:
     """The inputs of a run: the lock as the tool read it (its canonical text), the verified upstream."""
-    return Inputs(hashlib.sha256(lockfile.render(the_lock).encode()).hexdigest(), upstream.to_json(), options, partial)
+    return Inputs(lock_digest(the_lock), upstream.to_json(), options, partial)
+
+
+def lock_digest(the_lock: Lock) -> str:
+    """sha256 of the lock's canonical text (comments and spacing of the file do not count)."""
+    return hashlib.sha256(lockfile.render(the_lock).encode()).hexdigest()
 
 
 def write(tree: Path, inputs: Inputs, patches: list[Patch], results: list[PatchResult]) -> None:
     """Record, in ``tree``'s git directory, what it was built from and holds (call before publishing)."""
-    repo = git.Repo(tree)
-    head = repo.head.commit
+    head, tree_id = _git(tree, "rev-parse", "HEAD", "HEAD^{tree}").split()
     data = {
         **inputs.to_json(),
         "patches": [{"name": p.name, "mail_sha256": mail_digest(p)} for p in patches],
         "results": [r.to_json() for r in results],
-        "head": head.hexsha,
-        "tree": head.tree.hexsha,
+        "head": head,
+        "tree": tree_id,
         "branch": BRANCH,
     }
     atomicfile.write_bytes(tree / ".git" / RECORD_FILE, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
@@ -110,11 +116,15 @@ def same_inputs(record: dict, inputs: Inputs) -> bool:
     )
 
 
-def same_prefix(record: dict, patches: list[Patch]) -> int:
-    """How many leading patches are byte for byte (name and mail) the ones the record's tree holds."""
+def same_prefix(record: dict, patches: list[Patch] | list[tuple[str, bytes]]) -> int:
+    """How many leading patches are byte for byte (name and mail) the ones the record's tree holds.
+
+    ``patches``: parsed patches, or (name, file bytes) as ``series.read_series_bytes`` reads them.
+    """
     count = 0
     for recorded, patch in zip(record.get("patches", []), patches, strict=False):
-        if recorded != {"name": patch.name, "mail_sha256": mail_digest(patch)}:
+        name, raw = (patch.name, patch.raw) if isinstance(patch, Patch) else patch
+        if recorded != {"name": name, "mail_sha256": mail_digest(raw)}:
             break
         count += 1
     return count
@@ -140,9 +150,43 @@ def results_of(record: dict) -> list[PatchResult]:
     return results
 
 
+def unchanged_results(
+    tree: Path,
+    lock_sha256: str,
+    upstream: dict[str, object],
+    options: tuple[bool, bool, bool],
+    mails: list[tuple[str, bytes]],
+) -> tuple[dict[str, object], list[PatchResult]] | None:
+    """What ``tree`` recorded (its upstream, its results) when it already holds this whole build, else None.
+
+    The build of the whole series (no ``--only``) from the lock with digest ``lock_sha256``, the
+    upstream ``upstream_trees.imported_locked`` describes, ``options`` and the patch files ``mails``
+    (name, bytes), by this engine; and ``tree`` untouched since it was published. Nothing is parsed
+    and no upstream object read: every input is compared byte for byte with the record.
+    """
+    record = load(tree)
+    if record is None or not isinstance(record.get("upstream"), dict):
+        return None
+    recorded_upstream = dict(record["upstream"])
+    recorded_upstream.pop("release_commit", None)
+    inputs = Inputs(lock_sha256, record["upstream"], options, False)
+    if recorded_upstream != upstream or not same_inputs(record, inputs):
+        return None
+    if not (same_prefix(record, mails) == len(mails) == len(record.get("patches", []))):
+        return None
+    results = results_of(record)
+    if not all(r.accepted and r.commit for r in results) or not untouched(tree, record, staging.published_head(tree)):
+        return None
+    return record["upstream"], results
+
+
 def untouched(tree: Path, record: dict, published_head: str | None) -> bool:
     """True when ``tree`` is exactly what was published with ``record``: nothing committed, staged,
-    edited or added since (one ``git rev-parse`` and one ``git status``)."""
+    edited or added since.
+
+    One ``git status``, whose ``--branch`` header names HEAD's branch and commit. HEAD's tree needs
+    no look-up of its own: a commit id covers its tree id, so the recorded HEAD has the recorded tree.
+    """
     head_file = tree / ".git" / "HEAD"
     try:
         if head_file.read_text(encoding="utf-8").strip() != f"ref: refs/heads/{record.get('branch')}":
@@ -151,10 +195,19 @@ def untouched(tree: Path, record: dict, published_head: str | None) -> bool:
         return False
     if published_head != record.get("head"):
         return False
-    repo = git.Repo(tree)
     try:
-        head, tree_id = repo.git.rev_parse("HEAD", "HEAD^{tree}").split()
-        status = repo.git.status("--porcelain", "--untracked-files=all", "--no-renames")
-    except (git.GitCommandError, ValueError):
+        status = _git(tree, "status", "--porcelain=v2", "--branch", "--untracked-files=all", "--no-renames")
+    except subprocess.CalledProcessError:
         return False
-    return head == record.get("head") and tree_id == record.get("tree") and status == ""
+    lines = status.splitlines()
+    headers = [line for line in lines if line.startswith("# ")]
+    expected = {f"# branch.oid {record.get('head')}", f"# branch.head {record.get('branch')}"}
+    return expected <= set(headers) and len(headers) == len(lines)
+
+
+def _git(tree: Path, *args: str) -> str:
+    """``git -C tree ARGS`` in the tool's git environment; its output (CalledProcessError when it fails)."""
+    done = subprocess.run(
+        ["git", "-C", str(tree), *args], capture_output=True, text=True, check=True, env=gitenv.environment()
+    )
+    return done.stdout

@@ -9,14 +9,13 @@ umask), under a name no other writer uses, and never seen by a reader until it i
 from __future__ import annotations
 
 import os
-import secrets
 from pathlib import Path
 
 
 def create_temp(directory: Path, prefix: str, suffix: str = "") -> tuple[int, Path]:
     """Create a new empty file ``directory/prefix<random>suffix``; return its descriptor and path."""
     while True:
-        candidate = directory / f"{prefix}{secrets.token_hex(6)}{suffix}"
+        candidate = directory / f"{prefix}{os.urandom(6).hex()}{suffix}"
         try:
             return os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), candidate
         except FileExistsError:

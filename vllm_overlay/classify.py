@@ -19,10 +19,12 @@ import re
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-
-import git
+from typing import TYPE_CHECKING
 
 from vllm_overlay.series import Patch
+
+if TYPE_CHECKING:  # the functions only call repo.git: GitPython is imported by whoever made the repo
+    import git
 
 HUNK_OK_RE = re.compile(r"^Hunk #(\d+) succeeded at (\d+)(?: \(offset (-?\d+) lines?\))?\.", re.M)
 CONTEXT_REDUCED_RE = re.compile(r"^Context reduced to \((\d+)/(\d+)\) to apply fragment at (\d+)", re.M)

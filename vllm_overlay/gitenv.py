@@ -75,22 +75,24 @@ _IDENTITY_KEYS = ("user.name", "user.email")
 
 
 def _user_identity(environ: Mapping[str, str]) -> list[tuple[str, str]]:
-    """The user's name and e-mail from their own configuration (read once, before it is hidden)."""
-    found = []
-    for key in _IDENTITY_KEYS:
-        try:
-            done = subprocess.run(
-                ["git", "config", "--global", "--get", key],
-                capture_output=True,
-                text=True,
-                env={k: v for k, v in environ.items() if not k.startswith("GIT_CONFIG")},
-                timeout=10,
-            )
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        if done.returncode == 0 and done.stdout.strip():
-            found.append((key, done.stdout.strip()))
-    return found
+    """The user's name and e-mail from their own configuration (read once, in one git process, before
+    it is hidden); the last value of each wins, as ``git config --get`` takes it."""
+    try:
+        done = subprocess.run(
+            ["git", "config", "--global", "--null", "--get-regexp", r"^user\.(name|email)$"],
+            capture_output=True,
+            text=True,
+            env={k: v for k, v in environ.items() if not k.startswith("GIT_CONFIG")},
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    found: dict[str, str] = {}
+    for item in done.stdout.split("\0") if done.returncode == 0 else []:
+        key, _, value = item.partition("\n")
+        if key.lower() in _IDENTITY_KEYS and value.strip():
+            found[key.lower()] = value.strip()
+    return [(key, found[key]) for key in _IDENTITY_KEYS if key in found]
 
 
 _identity_cache: dict[str, list[tuple[str, str]]] = {}

@@ -7,18 +7,18 @@ Upstream-Tests, Targets); git itself parses that block. The diff is parsed with 
 
 from __future__ import annotations
 
-import email
-import email.policy
 import re
 import subprocess
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-
-import unidiff
+from typing import TYPE_CHECKING
 
 from vllm_overlay.errors import InputError
+
+if TYPE_CHECKING:  # imported where a patch is parsed: a run that only compares bytes never needs them
+    import unidiff
 
 SERIES_FILE = "series"
 # DEP-3 fields we require, plus the project's own.
@@ -256,6 +256,11 @@ def as_git_am_reads(raw: bytes) -> bytes:
 
 def parse_patch_bytes(raw: bytes, path: Path, name: str) -> Patch:
     """Parse one git-format-patch file."""
+    import email
+    import email.policy
+
+    import unidiff
+
     if not raw.strip():
         raise SeriesError(f"patch is empty: {name}")
     try:
@@ -297,6 +302,11 @@ def parse_patch_bytes(raw: bytes, path: Path, name: str) -> Patch:
 
 
 def load_patch(patches_dir: Path, name: str) -> Patch:
+    return parse_patch_bytes(read_patch(patches_dir, name), patches_dir / name, name)
+
+
+def read_patch(patches_dir: Path, name: str) -> bytes:
+    """The bytes of the patch file ``name`` lists, refused when it lies outside patches/ or is missing."""
     path = patches_dir / name
     outside = _outside_patches(name)
     if outside is None and path.exists() and not path.resolve().is_relative_to(patches_dir.resolve()):
@@ -309,7 +319,7 @@ def load_patch(patches_dir: Path, name: str) -> Patch:
         raise SeriesError(f"{name}: listed in series but the file does not exist") from exc
     except OSError as exc:
         raise SeriesError(f"{name}: cannot be read: {exc.strerror}") from exc
-    return parse_patch_bytes(raw, path, name)
+    return raw
 
 
 def load_series(patches_dir: Path, *, allow_empty: bool = True) -> list[Patch]:
@@ -317,13 +327,23 @@ def load_series(patches_dir: Path, *, allow_empty: bool = True) -> list[Patch]:
 
     With ``allow_empty=False`` a series that lists no patch (nothing, or only comments) is an error.
     """
+    return [load_patch(patches_dir, name) for name in _listed_names(patches_dir, allow_empty)]
+
+
+def read_series_bytes(patches_dir: Path, *, allow_empty: bool = True) -> list[tuple[str, bytes]]:
+    """(name, bytes) of every patch in series order, unparsed: all a run needs to compare them with
+    what a tree recorded (``apply_record``), without the cost of parsing them."""
+    return [(name, read_patch(patches_dir, name)) for name in _listed_names(patches_dir, allow_empty)]
+
+
+def _listed_names(patches_dir: Path, allow_empty: bool) -> list[str]:
     entries = read_series(patches_dir)
     if not entries and not allow_empty:
         raise SeriesError(f"{patches_dir / SERIES_FILE}: series is empty: it lists no patch")
     duplicates = [name for name, count in Counter(e.path for e in entries).items() if count > 1]
     if duplicates:
         raise SeriesError(f"listed more than once in series: {', '.join(duplicates)}")
-    return [load_patch(patches_dir, entry.path) for entry in entries]
+    return [entry.path for entry in entries]
 
 
 def series_names(patches: list[Patch]) -> list[str]:

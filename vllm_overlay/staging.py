@@ -35,8 +35,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import git
-
 from vllm_overlay import atomicfile, faults, interrupts
 from vllm_overlay.errors import InputError
 
@@ -126,6 +124,8 @@ def mark_published(tree: Path) -> None:
     The marker records the HEAD commit whose work patches/ holds (the one published, or the one
     export-patches wrote out): a later HEAD means the user committed there since.
     """
+    import git  # here: a run that publishes nothing never imports GitPython
+
     head = git.Repo(tree).head.commit.hexsha
     text = f"published by vllm-overlay; the next run may replace this tree\nhead {head}\n"
     atomicfile.write_bytes(tree / ".git" / PUBLISHED_MARKER, text.encode())

@@ -13,27 +13,22 @@ import hashlib
 import os
 import re
 import shutil
-import tarfile
 import tempfile
-import urllib.error
-import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
-
-import git
-from packaging.utils import (
-    InvalidSdistFilename,
-    InvalidWheelFilename,
-    canonicalize_name,
-    parse_sdist_filename,
-    parse_wheel_filename,
-)
-from packaging.version import InvalidVersion, Version
+from typing import TYPE_CHECKING
 
 from vllm_overlay import atomicfile, indexes, objects, output, safetar
 from vllm_overlay.errors import InputError
-from vllm_overlay.lock import Lock
 from vllm_overlay.store import UNPACK_PREFIX, Store
+
+# GitPython, packaging, urllib and tarfile are imported by the functions that use them: a run that
+# answers from a tree's record (apply_record) reads only this module's descriptions of an upstream.
+if TYPE_CHECKING:
+    import git
+    from packaging.version import Version
+
+    from vllm_overlay.lock import Lock
 
 VERSION_RE = re.compile(r"^\d+(\.\d+)*([._-]?(a|b|rc|post|dev)\d*)*$")
 IMPORT_IDENTITY = {
@@ -84,6 +79,9 @@ def index_url() -> str:
 
 def release_files(project: str, version: str) -> list[IndexFile]:
     """Files the package indexes publish for one release, with the sha256 each index states."""
+    from packaging.utils import canonicalize_name
+    from packaging.version import InvalidVersion, Version
+
     try:
         wanted = (canonicalize_name(project), Version(version))
     except InvalidVersion as exc:
@@ -102,6 +100,13 @@ def release_files(project: str, version: str) -> list[IndexFile]:
 
 def _release_of(filename: str) -> tuple[str, Version] | None:
     """(canonical project name, version) of an sdist or wheel file name; None for anything else."""
+    from packaging.utils import (
+        InvalidSdistFilename,
+        InvalidWheelFilename,
+        parse_sdist_filename,
+        parse_wheel_filename,
+    )
+
     try:
         if filename.endswith(".whl"):
             name, parsed, _build, _tags = parse_wheel_filename(filename)
@@ -160,6 +165,9 @@ def download(url: str, dest: Path, sha256: str, size: int | None = None) -> Path
     The file is written under a temporary name and only renamed into place after its length and
     sha256 match; a truncated or corrupted download never becomes visible in the cache.
     """
+    import urllib.error
+    import urllib.request
+
     if dest.exists():
         if sha256_file(dest) == sha256:
             return dest
@@ -200,6 +208,8 @@ def unpack_sdist(archive: Path, dest: Path) -> Path:
     directory, no device files, and no ownership taken from the archive (git refuses trees owned by
     other users), with or without tarfile's ``data`` filter (Python 3.11.2 lacks it).
     """
+    import tarfile
+
     try:
         with tarfile.open(archive, "r:*") as tar:
             try:
@@ -235,6 +245,8 @@ def _version_file_of_tree(tree: Path) -> str | None:
 
 
 def version_file_of_commit(repo: git.Repo, commit: str) -> str | None:
+    import git
+
     try:
         return repo.git.show(f"{commit}:{VERSION_FILE}")
     except git.GitCommandError:
@@ -242,6 +254,8 @@ def version_file_of_commit(repo: git.Repo, commit: str) -> str | None:
 
 
 def _store_repo(store: Store) -> git.Repo:
+    import git
+
     if not (store.upstreams_git / "HEAD").exists():
         store.upstreams_git.parent.mkdir(parents=True, exist_ok=True)
         return git.Repo.init(store.upstreams_git, bare=True)
@@ -249,6 +263,8 @@ def _store_repo(store: Store) -> git.Repo:
 
 
 def _tag_commit(repo: git.Repo, tag: str) -> str | None:
+    import git
+
     try:
         return repo.git.rev_parse("--verify", "--quiet", f"refs/tags/{tag}^{{commit}}")
     except git.GitCommandError:
@@ -463,6 +479,32 @@ def _obtain_release(store: Store, lock: Lock, version: str, locked: bool) -> Ups
     )
 
 
+def imported_locked(lock: Lock, store: Store) -> dict[str, object] | None:
+    """The locked upstream as its last verified import describes it (``Upstream.to_json()`` without
+    ``release_commit``), read from the records beside the download, not from the store's objects.
+
+    For a run that builds nothing (an unchanged re-apply, ``apply.unchanged_report``): it compares
+    this with what a published tree recorded and reads no upstream file. Every run that reads the
+    store goes through ``obtain``, which verifies it. ``release_commit`` is left out because obtain
+    reads it from the commit's own vllm/_version.py: the same commit has the same one. None: not
+    imported yet, imported for another sha256, or without a recorded origin (obtain then decides).
+    """
+    filename = f"{lock.project}-{lock.version}.tar.gz"
+    record = objects.ImportRecord.read(store.downloads / f"{filename}.imported")
+    origin = store.downloads / f"{filename}.url"
+    if record is None or record.sha256 != lock.sdist.sha256 or not origin.is_file():
+        return None
+    return {
+        "kind": "locked",
+        "label": lock.version,
+        "tag": f"upstream/{lock.version}",
+        "commit": record.commit,
+        "version": lock.version,
+        "sha256": lock.sdist.sha256,
+        "origin": output.redact_credentials(origin.read_text().strip()),
+    }
+
+
 def _cached_sha(store: Store, filename: str) -> str:
     recorded = store.downloads / f"{filename}.sha256"
     if recorded.exists():
@@ -496,6 +538,8 @@ def refuse_option_shaped(value: str, what: str) -> str:
 
 
 def _obtain_git(store: Store, spec: str) -> Upstream:
+    import git
+
     repository, _, revision = spec.rpartition("@")
     if not repository or not revision:
         raise SourceError(f"--upstream {spec!r}: expected REPOSITORY@REVISION")
@@ -537,6 +581,8 @@ def checkout(store: Store, upstream: Upstream, dest: Path) -> git.Repo:
     All upstream tags come along, so a 3-way merge finds the blobs a patch was made against even
     when the target is another release.
     """
+    import git
+
     if dest.exists():
         raise FileExistsError(dest)
     # No explicit --local: with it git dies ("Invalid cross-device link") where the cache and the

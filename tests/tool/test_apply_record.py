@@ -11,12 +11,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import git
 
-from tests.tool.helpers import IDENTITY, replace_line
-from vllm_overlay import apply_record, cli, linkcopy
+from tests.tool.helpers import IDENTITY, lock_a_local_release, replace_line
+from vllm_overlay import apply_record, cli, linkcopy, upstream_trees
 
 
 def change(line: int, to: int):
@@ -158,3 +159,92 @@ def test_a_link_copy_is_never_written_through_by_git(tmp_path):
     assert (copy / "f.txt").read_text() == "one\n" and (source / "f.txt").read_text() == "two\n"
     subprocess.run(["git", "-C", str(copy), "commit", "-q", "--allow-empty", "-m", "3"], check=True, env=env)
     assert git.Repo(source).head.commit.message.strip() == "2"
+
+
+def apply_locked(project: Path, index: str, output: Path, *extra: str) -> dict:
+    """apply-patches of the locked upstream (no --upstream): the run a record may answer alone."""
+    report = project / "report.json"
+    where = ["--project", str(project), "--index-url", index, "-o", str(output)]
+    code = cli.main(["apply-patches", *where, "--json", str(report), *extra])
+    data = json.loads(report.read_text())
+    data["code"] = code
+    return data
+
+
+def test_an_unchanged_re_apply_of_the_locked_upstream_reads_no_upstream(
+    project, make_patch, upstream_dir, store_env, tmp_path, monkeypatch
+):
+    index = lock_a_local_release(project, tmp_path)
+    series_of(make_patch, upstream_dir)
+    out = tmp_path / "out"
+    first = apply_locked(project, index, out)
+    assert first["code"] == 0 and not first["unchanged"] and first["upstream"]["kind"] == "locked"
+
+    def no_obtain(*args, **kwargs):
+        raise AssertionError("the upstream was obtained for a run that builds nothing")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(upstream_trees, "obtain", no_obtain)
+        again = apply_locked(project, index, out)
+    assert again["code"] == 0 and again["unchanged"] and again["upstream"] == first["upstream"]
+    assert [p["commit"] for p in again["patches"]] == [p["commit"] for p in first["patches"]]
+
+
+def test_the_record_alone_never_answers_for_a_changed_output_patch_or_cache(
+    project, make_patch, upstream_dir, store_env, tmp_path
+):
+    index = lock_a_local_release(project, tmp_path)
+    patches = series_of(make_patch, upstream_dir, 2)
+    out = tmp_path / "out"
+    apply_locked(project, index, out)
+    head = git.Repo(out).head.commit.hexsha
+    core = out / "vllm" / "core.py"
+    pristine = core.read_text()
+    for name, hand_change in {
+        "edit": lambda: core.write_text(pristine + "x = 1\n"),
+        "edit, size and mtime kept": lambda: _rewrite_keeping_stat(
+            core, pristine.replace("line_1 = 1\n", "line_1 = 7\n")
+        ),
+        "new file": lambda: (out / "vllm" / "scratch.py").write_text("y = 2\n"),
+        "staged": lambda: (core.write_text(pristine + "z = 3\n"), git.Repo(out).git.add("vllm/core.py")),
+        "other branch": lambda: git.Repo(out).git.checkout("-q", "-b", "mine"),
+    }.items():
+        hand_change()
+        result = apply_locked(project, index, out, "--discard-unexported")
+        assert result["code"] == 0 and not result["unchanged"], name
+        assert core.read_text() == pristine and git.Repo(out).head.commit.hexsha == head, name
+        assert apply_locked(project, index, out)["unchanged"], name
+    patches[1].write_bytes(patches[1].read_bytes().replace(b"\n---\n", b"\nReworded.\n---\n", 1))
+    assert apply_locked(project, index, out)["unchanged"] is False  # other patch bytes
+    assert apply_locked(project, index, out, "--rebuild")["unchanged"] is False
+    for recorded in (store_env / "downloads").glob("*.imported"):
+        recorded.unlink()  # the cache lost its import: the run obtains (and verifies) it again
+    result = apply_locked(project, index, out)
+    assert result["code"] == 0 and result["unchanged"] and any((store_env / "downloads").glob("*.imported"))
+
+
+def _rewrite_keeping_stat(path: Path, text: str) -> None:
+    """Rewrite ``path`` in place with text of the same size and put its mtime back (a sloppy editor)."""
+    info = path.stat()
+    assert len(text) == info.st_size
+    with open(path, "r+") as handle:
+        handle.write(text)
+    os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns))
+
+
+def test_an_unchanged_re_apply_never_imports_the_apply_engines_heavy_modules(
+    project, make_patch, upstream_dir, store_env, tmp_path
+):
+    index = lock_a_local_release(project, tmp_path)
+    series_of(make_patch, upstream_dir)
+    out = tmp_path / "out"
+    assert apply_locked(project, index, out)["code"] == 0
+    argv = ["apply-patches", "--project", str(project), "--index-url", index, "-o", str(out)]
+    heavy = ("git", "unidiff", "email.policy", "packaging", "urllib.request")
+    probe = (
+        f"import sys; from vllm_overlay import cli; code = cli.main({argv!r}); "
+        f"print(code, sorted(m for m in {heavy!r} if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.split("\n")[-2] == "0 []", done.stdout + done.stderr
+    assert "unchanged" in done.stdout

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tool.helpers import REPO_ROOT, change_line_20, write_upstream
+from tests.tool.helpers import REPO_ROOT, change_line_20, file_index, lock_for, release_archive, write_upstream
 from vllm_overlay import cli, indexes, lock, output, upstream_trees
 from vllm_overlay.store import Store
 
@@ -32,27 +32,6 @@ def isolated_pip(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     indexes.set_override(None)
 
 
-def _release_archive(tmp_path: Path, version: str) -> Path:
-    tree = write_upstream(tmp_path / "src" / f"vllm-{version}")
-    archive = tmp_path / f"vllm-{version}.tar.gz"
-    with tarfile.open(archive, "w:gz") as tar:
-        tar.add(tree, arcname=f"vllm-{version}")
-    return archive
-
-
-def _file_index(root: Path, archive: Path) -> str:
-    """A PEP 503 index in a directory, as `pip download -d` plus a static page generator make."""
-    (root / "files").mkdir(parents=True)
-    target = root / "files" / archive.name
-    target.write_bytes(archive.read_bytes())
-    digest = hashlib.sha256(target.read_bytes()).hexdigest()
-    page = root / "simple" / "vllm" / "index.html"
-    page.parent.mkdir(parents=True)
-    link = f'<a href="../../files/{archive.name}#sha256={digest}">{archive.name}</a>'
-    page.write_text(f"<html><body>{link}</body></html>")
-    return (root / "simple").as_uri()
-
-
 def test_pip_configuration_decides_the_indexes(monkeypatch, tmp_path):
     (tmp_path / "pip.conf").write_text(
         "[global]\nindex-url = http://127.0.0.1:9/primary\nextra-index-url = file:///srv/extra/simple\n"
@@ -65,8 +44,8 @@ def test_pip_configuration_decides_the_indexes(monkeypatch, tmp_path):
 
 
 def test_configured_file_index_serves_the_release(monkeypatch, tmp_path, store_env):
-    archive = _release_archive(tmp_path, "9.9.8")
-    monkeypatch.setenv("PIP_INDEX_URL", _file_index(tmp_path / "index", archive))
+    archive = release_archive(tmp_path, "9.9.8")
+    monkeypatch.setenv("PIP_INDEX_URL", file_index(tmp_path / "index", archive))
     entry = upstream_trees.sdist_of("vllm", "9.9.8")
     assert entry.sha256 == hashlib.sha256(archive.read_bytes()).hexdigest()
     upstream = upstream_trees.obtain("9.9.8", lock.load(REPO_ROOT / "upstream.lock"), Store())
@@ -112,7 +91,7 @@ class _JsonIndex(http.server.BaseHTTPRequestHandler):
 
 
 def test_override_index_over_http_json(tmp_path, store_env):
-    archive = _release_archive(tmp_path, "9.9.7")
+    archive = release_archive(tmp_path, "9.9.7")
     server = http.server.HTTPServer(("127.0.0.1", 0), functools.partial(_JsonIndex, archive=archive))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
@@ -171,15 +150,6 @@ def test_a_failing_index_with_a_token_never_prints_the_token(
     assert "alice:****@127.0.0.1:9" in captured.err
 
 
-def _lock_for(archive: Path, version: str, commit: str) -> lock.Lock:
-    text = (REPO_ROOT / "upstream.lock").read_text()
-    text = text.replace('version = "0.33.0"', f'version = "{version}"').replace("vllm-0.33.0.tar.gz", archive.name)
-    text = text.replace('commit = "g4ba787ec9"', f'commit = "{commit}"')
-    digest = hashlib.sha256(archive.read_bytes()).hexdigest()
-    text = re.sub(r'(\[artifacts\.sdist\]\nfilename = "[^"]+"\nsha256 = ")[0-9a-f]{64}', rf"\g<1>{digest}", text)
-    return lock.parse(text)
-
-
 @pytest.mark.parametrize(
     ("version", "commit", "says"),
     [
@@ -191,16 +161,16 @@ def test_a_lock_that_says_otherwise_than_its_release_is_refused(
     monkeypatch, tmp_path, store_env, version, commit, says
 ):
     """The lock's version and commit land in labels, manifest and SBOM: they must be what the sdist records."""
-    archive = _release_archive(tmp_path, version)  # its vllm/_version.py: 9.9.9, gdeadbeef
-    monkeypatch.setenv("PIP_INDEX_URL", _file_index(tmp_path / "index", archive))
+    archive = release_archive(tmp_path, version)  # its vllm/_version.py: 9.9.9, gdeadbeef
+    monkeypatch.setenv("PIP_INDEX_URL", file_index(tmp_path / "index", archive))
     with pytest.raises(upstream_trees.SourceError, match=re.escape(says)):
-        upstream_trees.obtain(None, _lock_for(archive, version, commit), Store())
+        upstream_trees.obtain(None, lock_for(archive, version, commit), Store())
 
 
 def test_a_lock_that_matches_its_release_is_accepted(monkeypatch, tmp_path, store_env):
-    archive = _release_archive(tmp_path, "9.9.9")
-    monkeypatch.setenv("PIP_INDEX_URL", _file_index(tmp_path / "index", archive))
-    upstream = upstream_trees.obtain(None, _lock_for(archive, "9.9.9", "gdeadbeef"), Store())
+    archive = release_archive(tmp_path, "9.9.9")
+    monkeypatch.setenv("PIP_INDEX_URL", file_index(tmp_path / "index", archive))
+    upstream = upstream_trees.obtain(None, lock_for(archive, "9.9.9", "gdeadbeef"), Store())
     assert upstream.kind == "locked" and upstream.release_commit == "gdeadbeef"
 
 
@@ -242,7 +212,7 @@ def test_a_full_cache_while_the_sdist_is_unpacked_is_exit_2_naming_the_space(
         archive = tmp_path / "vllm-9.9.8.tar.gz"
         with tarfile.open(archive, "w:gz") as tar:
             tar.add(tree, arcname="vllm-9.9.8")
-        monkeypatch.setenv("PIP_INDEX_URL", _file_index(tmp_path / "index", archive))
+        monkeypatch.setenv("PIP_INDEX_URL", file_index(tmp_path / "index", archive))
         code = cli.main(["apply-patches", "--project", str(project), "--upstream", "9.9.8"])
         err = capsys.readouterr().err
         assert code == 2 and "Traceback" not in err
@@ -263,8 +233,8 @@ def test_an_unreachable_main_index_is_named_when_an_extra_index_has_nothing(monk
     ):
         upstream_trees.release_files("vllm", "9.9.8")
     # The extra index lists another release: the "not found" says where it could not look.
-    archive = _release_archive(tmp_path, "9.9.8")
-    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", _file_index(tmp_path / "other-index", archive))
+    archive = release_archive(tmp_path, "9.9.8")
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", file_index(tmp_path / "other-index", archive))
     with pytest.raises(upstream_trees.SourceError) as raised:
         upstream_trees.release_files("vllm", "9.9.7")
     assert "lists no files for vllm 9.9.7 (and could not read: cannot read the package index at http://127.0.0.1:9" in (

@@ -100,15 +100,38 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, proj: project.Project, target: Path) -> int:
-    import git
-
-    from vllm_overlay import apply, apply_record, export, lock, series, staging, upstream_trees
+    from vllm_overlay import apply, apply_record, lock, series, upstream_trees
     from vllm_overlay.store import Store
 
     # Input errors (lock, series, upstream, an output this tool did not publish) end in cli.main: exit 2.
     the_lock = lock.load(proj.lock_file)
-    patches = series.select(series.load_series(proj.patches, allow_empty=False), args.only)
     store = Store()
+    options = apply.Options(args.allow_offset, args.allow_fuzz, args.three_way)
+    if args.upstream is None and not args.only and not args.rebuild:
+        recorded = upstream_trees.imported_locked(the_lock, store)
+        mails = series.read_series_bytes(proj.patches, allow_empty=False)
+        unchanged = recorded and apply.unchanged_report(
+            target, apply_record.lock_digest(the_lock), recorded, options, mails, args.wait, output.waiting_for(target)
+        )
+        if unchanged:
+            return _report_applied(args, unchanged, [], the_lock, store, unchanged.upstream, target)
+    return _build(args, proj, target, the_lock, store, options)
+
+
+def _build(
+    args: argparse.Namespace,
+    proj: project.Project,
+    target: Path,
+    the_lock: lock.Lock,
+    store: Store,
+    options: apply.Options,
+) -> int:
+    """Obtain (and verify) the upstream and apply the series: what every run does that a record cannot answer."""
+    import git
+
+    from vllm_overlay import apply, apply_record, export, series, staging, upstream_trees
+
+    patches = series.select(series.load_series(proj.patches, allow_empty=False), args.only)
     upstream = upstream_trees.obtain(args.upstream, the_lock, store)
     staging.check_replaceable(target)  # the user's own directory: refused before anything else
 
@@ -124,7 +147,6 @@ def _run(args: argparse.Namespace, proj: project.Project, target: Path) -> int:
                 + ". Commit it and run scripts/export-patches first, or pass --discard-unexported to drop it"
             )
 
-    options = apply.Options(args.allow_offset, args.allow_fuzz, args.three_way)
     output.info(f"applying {len(patches)} patch(es) onto upstream {upstream.label} -> {target}")
     try:
         result = apply.apply_series(
