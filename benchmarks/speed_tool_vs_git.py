@@ -201,15 +201,16 @@ def run(jobs: list[str], repeat: int) -> None:
         if "incremental" in jobs:
             last = Path(files[-1])
             original = last.read_bytes()
-            # A reworded Description: the message and the trailer block stay well formed.
-            variants = [original, original.replace(b"\nDescription: ", b"\nDescription: (reworded) ", 1)]
-            assert variants[1] != original
-            state = {"tool": 0, "hand": 0}
+            # A reworded Description (the message and the trailer block stay well formed), new at
+            # every run: no tree the tool kept from an earlier run already holds the edited series.
+            assert b"\nDescription: " in original
+            edits = {"tool": 0, "hand": 0}
 
-            def flip(who: str) -> Callable[[], None]:
+            def edit(who: str) -> Callable[[], None]:
                 def step() -> None:
-                    state[who] = 1 - state[who]
-                    last.write_bytes(variants[state[who]])
+                    edits[who] += 1
+                    reworded = f"\nDescription: (reworded {who} {edits[who]}) ".encode()
+                    last.write_bytes(original.replace(b"\nDescription: ", reworded, 1))
 
                 return step
 
@@ -227,8 +228,8 @@ def run(jobs: list[str], repeat: int) -> None:
                 "git reset --hard HEAD~1 + git am of the last patch",
                 lambda: measured(bench.tool("apply-patches", "-o", str(out))),
                 hand_incremental,
-                before_tool=flip("tool"),
-                before_hand=flip("hand"),
+                before_tool=edit("tool"),
+                before_hand=edit("hand"),
             )
             last.write_bytes(original)
             subprocess.run(bench.tool("apply-patches", "-o", str(out)), check=True, capture_output=True, env=ENV)
@@ -256,6 +257,8 @@ def run(jobs: list[str], repeat: int) -> None:
 
 
 ENV = dict(os.environ, **IDENTITY)
+# As installed for use: Python caches the tool's compiled modules (a sandbox may forbid that).
+ENV.pop("PYTHONDONTWRITEBYTECODE", None)
 ENV["PYTHONPATH"] = str(REPO) + (os.pathsep + ENV["PYTHONPATH"] if ENV.get("PYTHONPATH") else "")
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,7 +123,7 @@ def commit_patch(repo: git.Repo, patch: Patch, mail: Path, status: Status) -> st
         else:
             repo.git.am(*flags, str(mail))
             repo.git.commit("--amend", "--quiet", "--no-edit", "--no-verify", trailer)
-    return repo.git.rev_parse("HEAD")
+    return patched_repo.head_commit(repo)
 
 
 def _committer_env(repo: git.Repo, mail: Path) -> dict[str, str]:
@@ -148,6 +147,8 @@ def seed_preimages(repo: git.Repo, base_commit: str, patches: list[Patch]) -> in
     ``git apply --cached`` on a private index recreates those blobs without touching any tree.
     Returns how many patches replayed.
     """
+    import tempfile
+
     replayed = 0
     with tempfile.TemporaryDirectory(prefix="vllm-overlay-seed-") as tmp:
         mails = write_mails(patches, Path(tmp))
@@ -276,15 +277,17 @@ def _apply_locked(
         area = staging.create_staging(output)
         results = None
         if reusable:
-            results = _apply_on_prefix(area, output, reusable, patches, upstream, options, progress, seed_base)
+            results = _apply_on_prefix(area, output, inputs, reusable, patches, upstream, options, progress, seed_base)
         if results is None:
             results = _apply_in(area, patches, upstream, checkout, options, progress, seed_base, partial)
         if inputs is not None and all(r.accepted for r in results):
             apply_record.write(area.tree, inputs, patches, results)  # published with the tree, or not at all
         if publish_partial or all(r.accepted for r in results):
             with interrupts.deferred():  # a signal during publish arrives once ``published`` is true
-                staging.publish(area, output)
+                old = staging.publish(area, output)
                 published = True
+                if old is not None and apply_record.load(old) is not None:
+                    staging.keep_spare(old, output)  # the next re-apply after a patch change starts from it
         return Report(upstream=upstream, output=str(output), results=results, published=published)
     except OSError as exc:  # the machine's, not a patch's: a full disk, a read-only file system
         where = f" ({exc.filename})" if exc.filename else ""
@@ -322,6 +325,7 @@ def _reusable_prefix(output: Path, inputs: apply_record.Inputs, patches: list[Pa
 def _apply_on_prefix(
     area: staging.StagingArea,
     output: Path,
+    inputs: apply_record.Inputs,
     reused: list[PatchResult],
     patches: list[Patch],
     upstream: Upstream,
@@ -331,26 +335,56 @@ def _apply_on_prefix(
 ) -> list[PatchResult] | None:
     """Re-apply only the patches after ``reused`` (the leading ones ``output`` holds as recorded).
 
-    The staging tree is a copy of ``output`` sharing its files (``linkcopy``), reset to the commit
-    of the last reused patch; the rest is classified and committed as in a full apply, and the
-    result replaces ``output`` in one step as always. None where the copy cannot be made (the
-    caller then builds from upstream; the staging tree is removed).
+    The staging tree is the output's spare where that holds the last reused patch's commit
+    (``_spare_at``), else a copy of ``output`` sharing its files (``linkcopy``); either is reset to
+    that commit, the rest is classified and committed as in a full apply, and the result replaces
+    ``output`` in one step as always. None where no such tree can be had (the caller then builds
+    from upstream; the staging tree is removed).
     """
-    try:
-        linkcopy.link_copy(output, area.tree)
-    except OSError:
-        shutil.rmtree(area.tree, ignore_errors=True)
-        return None
     import git
 
+    base = reused[-1].commit
+    repo = None
+    if _spare_at(output, inputs, base) and staging.take_spare(area, output):
+        try:
+            repo = git.Repo(area.tree)
+            repo.git.reset("--hard", "--quiet", base)
+            repo.git.clean("-ffdxq")  # untracked and ignored files: a build from upstream has none
+        except git.GitError:  # a spare git cannot reset (a stale index.lock, a broken repository)
+            repo = None
+            shutil.rmtree(area.tree, ignore_errors=True)
+    if repo is None:
+        try:
+            linkcopy.link_copy(output, area.tree)
+        except OSError:
+            shutil.rmtree(area.tree, ignore_errors=True)
+            return None
+        repo = git.Repo(area.tree)
+        repo.git.config("core.trustctime", "false")  # the hard links changed every file's ctime
+        repo.git.reset("--hard", "--quiet", base)
     mails = write_mails(patches, area.mails)
-    repo = git.Repo(area.tree)
-    repo.git.config("core.trustctime", "false")  # the hard links changed every file's ctime
-    repo.git.reset("--hard", "--quiet", reused[-1].commit)
     faults.phase("checked-out")
     start = len(reused)
     new = _apply_each(repo, area, patches, mails, upstream, options, progress, seed_base, start)
     return [*reused, *new]
+
+
+def _spare_at(output: Path, inputs: apply_record.Inputs, commit: str | None) -> bool:
+    """True when ``output``'s spare was built from ``inputs``, holds ``commit`` among its recorded
+    patches and has HEAD on the tool's branch.
+
+    Nothing in its working tree needs checking: ``git reset --hard`` to ``commit`` rewrites every
+    tracked file that differs (git's own stat check, as ``git status`` would make it) and ``git
+    clean -ffdx`` removes everything else, so the tree is then ``commit``'s, whatever was done to
+    the spare; commits made in it are left behind by the reset.
+    """
+    spare = staging.spare_path(output)
+    record = apply_record.load(spare)
+    if record is None or commit is None or not apply_record.same_inputs(record, inputs):
+        return False
+    if commit not in {r.commit for r in apply_record.results_of(record) if r.accepted}:
+        return False
+    return apply_record.on_branch(spare, record)
 
 
 def _apply_in(

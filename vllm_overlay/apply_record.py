@@ -187,11 +187,7 @@ def untouched(tree: Path, record: dict, published_head: str | None) -> bool:
     One ``git status``, whose ``--branch`` header names HEAD's branch and commit. HEAD's tree needs
     no look-up of its own: a commit id covers its tree id, so the recorded HEAD has the recorded tree.
     """
-    head_file = tree / ".git" / "HEAD"
-    try:
-        if head_file.read_text(encoding="utf-8").strip() != f"ref: refs/heads/{record.get('branch')}":
-            return False
-    except OSError:
+    if not on_branch(tree, record):
         return False
     if published_head != record.get("head"):
         return False
@@ -203,6 +199,15 @@ def untouched(tree: Path, record: dict, published_head: str | None) -> bool:
     headers = [line for line in lines if line.startswith("# ")]
     expected = {f"# branch.oid {record.get('head')}", f"# branch.head {record.get('branch')}"}
     return expected <= set(headers) and len(headers) == len(lines)
+
+
+def on_branch(tree: Path, record: dict) -> bool:
+    """True when ``tree``'s HEAD is the branch ``record`` names (read from ``.git/HEAD``, no git process)."""
+    try:
+        head = (tree / ".git" / "HEAD").read_text(encoding="utf-8").strip()
+    except OSError:
+        return False
+    return head == f"ref: refs/heads/{record.get('branch')}"
 
 
 def _git(tree: Path, *args: str) -> str:

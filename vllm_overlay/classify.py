@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import enum
 import re
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -181,6 +180,8 @@ def classify(repo: git.Repo, patch: Patch, mail: Path, check: tuple[int, str] | 
     missing = _missing_targets(repo, patch)
     if missing:
         return PatchResult(status=Status.TARGET_MISSING, hunks=missing, detail="a modified file is missing", **base)
+    import tempfile  # here: only a patch that does not apply cleanly needs it
+
     with tempfile.TemporaryDirectory(prefix="vllm-overlay-hunks-") as tmp:
         failing = _failing_hunks(repo, patch, Path(tmp))
     # A 3-way merge is tried before fuzz: it resolves against the exact blobs the patch was made

@@ -13,12 +13,8 @@ offers it, the HTML form (PEP 503) otherwise, which is what a directory of files
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import re
-import urllib.parse
 from dataclasses import dataclass
-from html.parser import HTMLParser
 from pathlib import Path
 
 ENV_VAR = "VLLM_OVERLAY_INDEX_URL"
@@ -115,6 +111,8 @@ def _read_project_page(index: str, project: str) -> list[IndexEntry]:
 
     from packaging.utils import canonicalize_name
 
+    from vllm_overlay import index_pages
+
     url = f"{index}/{canonicalize_name(project)}/"
     if url.startswith("file:"):
         return _read_file_page(url)
@@ -131,78 +129,21 @@ def _read_project_page(index: str, project: str) -> list[IndexEntry]:
     except (urllib.error.URLError, TimeoutError) as exc:
         raise IndexReadError(f"cannot read the package index at {url}: {exc}") from exc
     if content_type == JSON_TYPE:
-        return _parse_json(body, final_url, url)
-    return _parse_html(body.decode("utf-8", errors="replace"), final_url)
+        return index_pages.parse_json(body, final_url, url)
+    return index_pages.parse_html(body.decode("utf-8", errors="replace"), final_url)
 
 
 def _read_file_page(url: str) -> list[IndexEntry]:
+    import urllib.parse
     import urllib.request
+
+    from vllm_overlay import index_pages
 
     path = Path(urllib.request.url2pathname(urllib.parse.urlparse(url).path))
     page = path / "index.html"
     if not page.is_file():
         return []
-    return _parse_html(page.read_text(encoding="utf-8", errors="replace"), page.as_uri())
-
-
-def _parse_json(body: bytes, base: str, url: str) -> list[IndexEntry]:
-    try:
-        data = json.loads(body)
-    except json.JSONDecodeError as exc:
-        raise IndexReadError(f"the package index at {url} sent malformed JSON: {exc}") from exc
-    return [
-        IndexEntry(
-            filename=item["filename"],
-            url=urllib.parse.urljoin(base, item["url"]),
-            sha256=item.get("hashes", {}).get("sha256", ""),
-            size=item.get("size"),
-            upload_time=item.get("upload-time"),
-        )
-        for item in data.get("files", [])
-    ]
-
-
-class _Links(HTMLParser):
-    def __init__(self) -> None:
-        super().__init__()
-        self.hrefs: list[tuple[str, str]] = []
-        self._href: str | None = None
-        self._text: list[str] = []
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag == "a":
-            self._href = dict(attrs).get("href")
-            self._text = []
-
-    def handle_data(self, data: str) -> None:
-        if self._href is not None:
-            self._text.append(data)
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag == "a" and self._href is not None:
-            self.hrefs.append((self._href, "".join(self._text).strip()))
-            self._href = None
-
-
-def _parse_html(text: str, base: str) -> list[IndexEntry]:
-    links = _Links()
-    links.feed(text)
-    entries = []
-    for href, label in links.hrefs:
-        absolute = urllib.parse.urljoin(base, href)
-        parsed = urllib.parse.urlparse(absolute)
-        match = re.search(r"(?:^|&)sha256=([0-9a-fA-F]{64})", parsed.fragment)
-        filename = label or urllib.parse.unquote(parsed.path.rsplit("/", 1)[-1])
-        entries.append(
-            IndexEntry(
-                filename=filename,
-                url=parsed._replace(fragment="").geturl(),
-                sha256=match.group(1).lower() if match else "",
-                size=None,
-                upload_time=None,
-            )
-        )
-    return entries
+    return index_pages.parse_html(page.read_text(encoding="utf-8", errors="replace"), page.as_uri())
 
 
 def add_argument(parser: argparse.ArgumentParser) -> None:

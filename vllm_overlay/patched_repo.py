@@ -77,6 +77,11 @@ def _dir(repo: gitpython.Repo | Path | str) -> Path:
 # --- the upstream base ----------------------------------------------------------------------------
 
 
+def head_commit(repo: gitpython.Repo) -> str:
+    """HEAD's commit id, read from the refs by GitPython: no git process (a full apply asks once per patch)."""
+    return gitpython.SymbolicReference.dereference_recursive(repo, "HEAD")
+
+
 def upstream_tag(label: str) -> str:
     """The store's tag of an upstream (``upstream/0.33.0``); apply's clone carries it on its base."""
     return TAG_PREFIX + label

@@ -8,11 +8,22 @@ Beside an output directory OUTPUT (say build/patched) live:
         owner                  held (flock) for as long as the run lives
         mails/                 the patch mails exactly as every git step reads them
         tree/                  the clone the series is applied in
+    .patched.spare/            the tree the last publish replaced, kept for the next run
 
 Publishing exchanges ``tree/`` and OUTPUT in one ``renameat2(RENAME_EXCHANGE)``: at every instant
 OUTPUT is either the old tree or the new one, never missing and never half of either. The old
-tree lands in the staging area, which is removed next. A run killed at any point leaves at most a
-staging area whose owner lock nobody holds; the next run (under the output lock) removes it.
+tree lands in the staging area; when it is a tree this tool published (it carries an apply
+record) it is kept as the spare, else it is removed with the area. A run killed at any point
+leaves at most a staging area whose owner lock nobody holds; the next run (under the output lock)
+removes it.
+
+Why a spare: the replaced tree differs from the next build in the few files the last patches
+touch, so a re-apply after a patch changed starts from it (``take_spare``: reset to the last
+patch it still shares, instead of linking or checking out 8,500 files), and publishing never has
+to delete a whole tree. It costs one more tree of disk beside the output; removing it is always
+safe (the next such run links a copy of the output instead). Only a run holding the output's lock
+moves it, and a spare is used only where its own record and ``git status`` show it is exactly what
+was published (``apply._spare_at``).
 
 Why an exchange and not a symlink swap: OUTPUT stays a real directory at its own path, so users'
 shells, ``git -C build/patched``, export-patches and everything that resolves the path keep seeing
@@ -25,7 +36,6 @@ and the next run puts it back before anything else.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import fcntl
 import fnmatch
@@ -126,7 +136,9 @@ def mark_published(tree: Path) -> None:
     """
     import git  # here: a run that publishes nothing never imports GitPython
 
-    head = git.Repo(tree).head.commit.hexsha
+    from vllm_overlay import patched_repo
+
+    head = patched_repo.head_commit(git.Repo(tree))
     text = f"published by vllm-overlay; the next run may replace this tree\nhead {head}\n"
     atomicfile.write_bytes(tree / ".git" / PUBLISHED_MARKER, text.encode())
 
@@ -203,6 +215,30 @@ class StagingArea:
             os.close(self.owner_fd)
 
 
+def spare_path(output: Path) -> Path:
+    return output.parent / f".{output.name}.spare"
+
+
+def take_spare(area: StagingArea, output: Path) -> bool:
+    """Move ``output``'s spare tree into ``area`` as its tree (False: there is none). Needs the output lock."""
+    try:
+        os.rename(spare_path(output), area.tree)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def keep_spare(old_tree: Path, output: Path) -> None:
+    """Keep ``old_tree`` (the tree a publish just replaced, in its staging area) as ``output``'s spare.
+
+    A spare already there moves into the staging area, to be removed with it. Needs the output lock.
+    """
+    spare = spare_path(output)
+    if spare.exists():
+        os.rename(spare, old_tree.parent / "old-spare")
+    os.rename(old_tree, spare)
+
+
 def staging_prefix(output: Path) -> str:
     return f".{output.name}.staging-"
 
@@ -257,6 +293,8 @@ def remove_leftovers(output: Path) -> list[Path]:
 
 def _renameat2_exchange(a: Path, b: Path) -> bool:
     """Swap ``a`` and ``b`` atomically; False where the kernel or file system cannot."""
+    import ctypes  # here: only a publish needs it
+
     libc = ctypes.CDLL(None, use_errno=True)
     renameat2 = getattr(libc, "renameat2", None)
     if renameat2 is None:
@@ -269,19 +307,24 @@ def _renameat2_exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(a), None, str(b))
 
 
-def publish(area: StagingArea, output: Path) -> None:
+def publish(area: StagingArea, output: Path) -> Path | None:
     """Make ``area.tree`` the ``output`` directory in one step; the old tree is left in the area.
 
-    SIGINT and SIGTERM wait until the step is done, so an interrupted run either published or did
-    not, and says which.
+    Returns where the old tree now lies (None: there was none). SIGINT and SIGTERM wait until the
+    step is done, so an interrupted run either published or did not, and says which.
     """
     with interrupts.deferred():
         faults.phase("publish")
         mark_published(area.tree)
         if not output.exists():
             os.rename(area.tree, output)
-        elif not _renameat2_exchange(area.tree, output):
+            old = None
+        elif _renameat2_exchange(area.tree, output):
+            old = area.tree
+        else:
             os.rename(output, area.root / RETIRED)
             faults.phase("publish-retired")
             os.rename(area.tree, output)
+            old = area.root / RETIRED
         faults.phase("published")
+        return old

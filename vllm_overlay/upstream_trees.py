@@ -13,12 +13,11 @@ import hashlib
 import os
 import re
 import shutil
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vllm_overlay import atomicfile, indexes, objects, output, safetar
+from vllm_overlay import atomicfile, indexes, objects, output
 from vllm_overlay.errors import InputError
 from vllm_overlay.store import UNPACK_PREFIX, Store
 
@@ -210,6 +209,8 @@ def unpack_sdist(archive: Path, dest: Path) -> Path:
     """
     import tarfile
 
+    from vllm_overlay import safetar
+
     try:
         with tarfile.open(archive, "r:*") as tar:
             try:
@@ -280,6 +281,8 @@ def import_tree(store: Store, tree: Path, tag: str, message: str) -> str:
     """
     refuse_nested_repositories(tree, str(tree))
     repo = _store_repo(store)
+    import tempfile
+
     with tempfile.TemporaryDirectory(prefix="vllm-overlay-index-") as tmp:
         env = dict(IMPORT_IDENTITY, GIT_INDEX_FILE=str(Path(tmp) / "index"), GIT_WORK_TREE=str(tree))
         repo.git.execute(["git", "add", "--all", "--force", "--", ".", ":(exclude).git"], env=env)
@@ -296,6 +299,8 @@ def _import_release_archive(store: Store, archive: Path, tag: str, sha256: str) 
     store's other leftovers rather than staying in /tmp.
     """
     repo = _store_repo(store)
+    import tempfile
+
     with tempfile.TemporaryDirectory(prefix=UNPACK_PREFIX, dir=store.root) as tmp:
         top = unpack_sdist(archive, Path(tmp))
         refuse_nested_repositories(top, archive.name)

@@ -50,6 +50,12 @@ def beside(output: Path) -> list[str]:
     return sorted(p.name for p in output.parent.iterdir())
 
 
+# What lies beside the output after a run that replaced a tree: the lock, the replaced tree kept as
+# the spare, the output. A run that replaced nothing leaves no spare.
+AFTER_A_REPLACE = [".patched.lock", ".patched.spare", "patched"]
+UNREPLACED = [".patched.lock", "patched"]
+
+
 @pytest.fixture
 def built(project, make_patch, upstream_dir, store_env):
     """build/patched holds patch 1; patch 2 is then added, so the next run would change the output."""
@@ -83,7 +89,9 @@ def test_killed_run_leaves_the_output_whole_and_the_next_run_cleans_up(built, pr
         assert snapshot(built) == before
     assert any(".patched.staging-" in name for name in beside(built))  # what the kill left
     assert run_apply(project, upstream_dir)[0] == 0
-    assert beside(built) == [".patched.lock", "patched"]
+    # Killed after the exchange, the tree it replaced went with the staging area: the next run
+    # finds the new tree published and has nothing to replace.
+    assert beside(built) == (UNREPLACED if phase == "published" else AFTER_A_REPLACE)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
@@ -99,7 +107,7 @@ def test_interrupted_run_says_one_line_and_ends_its_git(built, project, upstream
     assert "Traceback" not in err
     assert not alive(child)
     assert snapshot(built) == before
-    assert beside(built) == [".patched.lock", "patched"]
+    assert beside(built) == UNREPLACED
 
 
 def test_second_run_waits_or_with_no_wait_names_the_holder(built, project, upstream_dir, capsys):
@@ -137,7 +145,7 @@ def test_next_run_removes_a_tree_a_killed_publish_retired(built, project, upstre
     (retired / "vllm").mkdir(parents=True)
     (retired / "vllm" / "core.py").write_text("the tree before\n")
     assert run_apply(project, upstream_dir)[0] == 0
-    assert beside(built) == [".patched.lock", "patched"]
+    assert beside(built) == AFTER_A_REPLACE
 
 
 def test_second_run_never_touches_a_live_run(built, project, upstream_dir, stop_at_am, capsys):
@@ -154,9 +162,11 @@ def test_second_run_never_touches_a_live_run(built, project, upstream_dir, stop_
 
 def test_two_rename_publish_where_no_exchange_is_possible(built, project, upstream_dir, monkeypatch):
     monkeypatch.setattr(staging, "_renameat2_exchange", lambda a, b: False)  # a file system without it
+    replaced = built.stat().st_ino
     assert run_apply(project, upstream_dir)[0] == 0
     assert "line_5 = 50\n" in (built / "vllm/core.py").read_text()
-    assert beside(built) == [".patched.lock", "patched"]
+    assert beside(built) == AFTER_A_REPLACE
+    assert (built.parent / ".patched.spare").stat().st_ino == replaced  # the retired tree, kept
 
 
 def _git_processes_under(root: Path) -> list[int]:
@@ -202,7 +212,7 @@ def test_sigkill_at_twenty_random_moments_then_a_normal_run(built, project, upst
     repo = git.Repo(built)
     assert repo.head.commit.tree.hexsha == wanted_tree
     assert repo.git.fsck("--no-progress", "--full") == ""
-    assert beside(built) == [".patched.lock", "patched"]
+    assert beside(built) in (UNREPLACED, AFTER_A_REPLACE)  # a spare where a killed run's publish was not the last
     deadline = time.monotonic() + 10  # a killed run's git children exit once their pipe closes
     while _git_processes_under(project) and time.monotonic() < deadline:
         time.sleep(0.2)

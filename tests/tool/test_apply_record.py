@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import git
+import pytest
 
 from tests.tool.helpers import IDENTITY, lock_a_local_release, replace_line
 from vllm_overlay import apply_record, cli, linkcopy, upstream_trees
@@ -140,6 +141,97 @@ def test_a_refused_patch_after_the_reused_prefix_leaves_the_output_as_it_was(
     assert "line_10 = 101" in (out / "vllm" / "core.py").read_text()
 
 
+def reword(patch: Path, words: str) -> None:
+    patch.write_bytes(patch.read_bytes().replace(b"\n---\n", f"\n{words}\n---\n".encode(), 1))
+
+
+def test_the_replaced_tree_is_kept_as_the_spare_and_the_next_changed_patch_starts_from_it(
+    project, make_patch, upstream_dir, store_env, tmp_path, monkeypatch
+):
+    patches = series_of(make_patch, upstream_dir, 3)
+    out = tmp_path / "out"
+    spare = tmp_path / ".out.spare"
+    apply(project, upstream_dir, out)
+    assert not spare.exists()  # nothing was replaced
+    first_inode = out.stat().st_ino
+    reword(patches[2], "Reworded once.")
+    assert apply(project, upstream_dir, out)["code"] == 0  # no spare yet: a link copy of the output
+    assert spare.stat().st_ino == first_inode  # the tree it replaced, kept
+    second_inode = out.stat().st_ino
+
+    def no_link_copy(*args, **kwargs):
+        raise AssertionError("linked a copy of the output although the spare holds patch 2")
+
+    reword(patches[2], "Reworded twice.")
+    with monkeypatch.context() as patched:
+        patched.setattr(linkcopy, "link_copy", no_link_copy)
+        result = apply(project, upstream_dir, out)
+    assert result["code"] == 0 and result["published"] and not result["unchanged"]
+    assert spare.stat().st_ino == second_inode  # the spare became the output; the output the spare
+    assert out.stat().st_ino == first_inode
+    reference = apply(project, upstream_dir, tmp_path / "full")
+    assert [p["commit"] for p in result["patches"]] == [p["commit"] for p in reference["patches"]]
+    assert git.Repo(out).git.status("--porcelain", "--ignored") == ""
+    assert apply(project, upstream_dir, out)["unchanged"]
+
+
+def test_a_spare_changed_by_hand_still_gives_a_full_applys_tree(
+    project, make_patch, upstream_dir, store_env, tmp_path, monkeypatch
+):
+    patches = series_of(make_patch, upstream_dir, 3)
+    out = tmp_path / "out"
+    spare = tmp_path / ".out.spare"
+    apply(project, upstream_dir, out)
+    core = spare / "vllm" / "core.py"
+    for round, hand_change in enumerate(
+        [
+            lambda: core.write_text(core.read_text() + "x = 1\n"),
+            lambda: _rewrite_keeping_stat(core, core.read_text().replace("line_1 = 1\n", "line_1 = 7\n")),
+            lambda: (spare / "vllm" / "scratch.py").write_text("y = 2\n"),
+            lambda: ((spare / "build").mkdir(), (spare / ".git" / "info" / "exclude").write_text("build/\n")),
+            lambda: (core.write_text("staged\n"), git.Repo(spare).git.add("vllm/core.py")),
+            lambda: (core.unlink(), git.Repo(spare).git.commit("-qam", "mine", env=IDENTITY)),
+        ]
+    ):
+        reword(patches[2], f"Reworded, round {round}.")
+        apply(project, upstream_dir, out)  # makes (or renews) the spare
+        hand_change()
+        reword(patches[2], f"Reworded again, round {round}.")
+        with monkeypatch.context() as patched:
+            patched.setattr(linkcopy, "link_copy", lambda *a, **k: pytest.fail("the spare was not used"))
+            result = apply(project, upstream_dir, out)
+        assert result["code"] == 0 and result["published"], round
+        full = tmp_path / f"full-{round}"
+        reference = apply(project, upstream_dir, full)
+        assert [p["commit"] for p in result["patches"]] == [p["commit"] for p in reference["patches"]], round
+        assert git.Repo(out).git.status("--porcelain", "--ignored") == "", round
+        assert (out / "vllm" / "core.py").read_text() == (full / "vllm" / "core.py").read_text(), round
+
+
+def test_a_spare_of_other_inputs_or_off_its_branch_is_not_used(
+    project, make_patch, upstream_dir, store_env, tmp_path, monkeypatch
+):
+    patches = series_of(make_patch, upstream_dir, 2)
+    out = tmp_path / "out"
+    spare = tmp_path / ".out.spare"
+    apply(project, upstream_dir, out)
+    reword(patches[1], "Reworded.")
+    apply(project, upstream_dir, out)
+    used = []
+    real_link_copy = linkcopy.link_copy
+    monkeypatch.setattr(linkcopy, "link_copy", lambda *a: (used.append(True), real_link_copy(*a))[1])
+    git.Repo(spare).git.checkout("-q", "-b", "mine")
+    reword(patches[1], "Reworded again.")
+    assert apply(project, upstream_dir, out)["code"] == 0 and used == [True]  # the spare is off its branch
+    reword(patches[1], "Reworded a third time.")
+    assert apply(project, upstream_dir, out, "--allow-offset")["code"] == 0  # other options: a full build
+    reword(patches[1], "Reworded a fourth time.")
+    result = apply(project, upstream_dir, out, "--allow-offset")
+    assert result["code"] == 0 and used == [True, True]  # the spare is of the options before
+    reference = apply(project, upstream_dir, tmp_path / "full", "--allow-offset")
+    assert [p["commit"] for p in result["patches"]] == [p["commit"] for p in reference["patches"]]
+
+
 def test_a_link_copy_is_never_written_through_by_git(tmp_path):
     source = tmp_path / "source"
     source.mkdir()
@@ -240,7 +332,7 @@ def test_an_unchanged_re_apply_never_imports_the_apply_engines_heavy_modules(
     out = tmp_path / "out"
     assert apply_locked(project, index, out)["code"] == 0
     argv = ["apply-patches", "--project", str(project), "--index-url", index, "-o", str(out)]
-    heavy = ("git", "unidiff", "email.policy", "packaging", "urllib.request")
+    heavy = ("git", "unidiff", "email.policy", "packaging", "urllib.request", "html.parser", "tarfile", "ctypes")
     probe = (
         f"import sys; from vllm_overlay import cli; code = cli.main({argv!r}); "
         f"print(code, sorted(m for m in {heavy!r} if m in sys.modules))"

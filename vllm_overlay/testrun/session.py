@@ -80,7 +80,7 @@ def run_series(
 
 # What a run writes in its work directory; a directory holding anything else is the user's.
 WORKDIR_NAMES = frozenset(
-    {".lock", ".patched.lock", "patched", "steps", "upstream-tests", "logs", "junit", "hypothesis"}
+    {".lock", ".patched.lock", ".patched.spare", "patched", "steps", "upstream-tests", "logs", "junit", "hypothesis"}
 )
 
 
