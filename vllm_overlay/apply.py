@@ -418,18 +418,31 @@ def _apply_each(
     seed_base: Callable[[], str | None] | None,
     start: int,
 ) -> list[PatchResult]:
-    """Classify (and commit, where accepted) ``patches[start:]`` in order on ``repo``'s HEAD."""
+    """Classify (and commit, where accepted) ``patches[start:]`` in order on ``repo``'s HEAD.
+
+    Patches that apply one after another at their recorded lines (or at offsets, where accepted)
+    are decided on a private index and committed by one ``git am`` (``_clean_run``); the first
+    that does not is classified and committed alone on the tree, exactly as before the run.
+    """
     seeded = False
     tree_root = Path(repo.working_tree_dir or area.tree)
     results: list[PatchResult] = []
-    for index, (patch, mail) in enumerate(zip(patches, mails, strict=True), start=1):
-        if index <= start:
+    index = start
+    while index < len(patches):
+        run = _clean_run(repo, area, patches, mails, options, progress, index, tree_root)
+        if run:
+            commits = commit_run(repo, patches[index : index + len(run)], mails[index : index + len(run)])
+            for result, commit in zip(run, commits, strict=True):
+                result.commit = commit
+            faults.phase("committed")
+            results += run
+            index += len(run)
             continue
+        patch, mail = patches[index], mails[index]
+        index += 1
         if progress:
             progress(index, len(patches), patch.name)
-        problems = paths.problems(patch, tree_root)
-        if problems:
-            raise ApplyError(f"{patch.name}: refused: " + "; ".join(problems))
+        _refuse_unsafe_paths(patch, tree_root)
         check = apply_check(repo, mail)  # classify reads it too: seeding writes objects, not the tree
         if not seeded and seed_base is not None and check[0] != 0:
             seeded = True
@@ -445,3 +458,89 @@ def _apply_each(
             faults.phase("committed")
         results.append(result)
     return results
+
+
+def _refuse_unsafe_paths(patch: Patch, tree_root: Path) -> None:
+    problems = paths.problems(patch, tree_root)
+    if problems:
+        raise ApplyError(f"{patch.name}: refused: " + "; ".join(problems))
+
+
+def _clean_run(
+    repo: git.Repo,
+    area: staging.StagingArea,
+    patches: list[Patch],
+    mails: list[Path],
+    options: Options,
+    progress: Callable[[int, int, str], None] | None,
+    start: int,
+    tree_root: Path,
+) -> list[PatchResult]:
+    """The results of the patches from ``start`` on that apply, each on the ones before, as accepted
+    clean or offset patches; empty when ``patches[start]`` does not.
+
+    Each is applied with ``git apply --cached --verbose`` to a private index read from HEAD: the
+    same check, on the same blobs, as ``git apply --check`` on the clean tree after the patches
+    before it were committed, and its verbose output gives the same hunk notes. The run ends
+    before the first patch that fails there, is not accepted, or has no trailer block (it is
+    committed alone, with an amend); the tree and HEAD are not touched.
+    """
+    run: list[PatchResult] = []
+    with repo.git.custom_environment(GIT_INDEX_FILE=str(area.root / "run-index")):
+        repo.git.read_tree("HEAD")
+        for index in range(start, len(patches)):
+            patch, mail = patches[index], mails[index]
+            if not patch.trailers:
+                break
+            _refuse_unsafe_paths(patch, tree_root)  # a patch never adds a symlink: HEAD's tree decides
+            status, _out, err = repo.git.apply(
+                "--cached", "--verbose", str(mail), with_extended_output=True, with_exceptions=False
+            )
+            if status != 0:
+                break
+            result = classify(repo, patch, mail, (0, err))
+            result.accepted = options.accepts(result.status)
+            if not result.accepted:
+                break
+            if progress:
+                progress(index + 1, len(patches), patch.name)
+            run.append(result)
+    return run
+
+
+def commit_run(repo: git.Repo, patches: list[Patch], mails: list[Path]) -> list[str]:
+    """Commit ``patches`` (each with a trailer block, applying cleanly in turn) with as few ``git am``
+    as their committers allow; their commit ids, in order, the same ``commit_patch`` gives.
+
+    Committer = author at the author's date, as ``commit_patch`` sets it: one ``git am
+    --committer-date-is-author-date`` per stretch of patches by one author.
+    """
+    from vllm_overlay import patched_repo
+
+    envs = [_committer_env(repo, mail) for mail in mails]
+    commits: list[str] = []
+    first = 0
+    while first < len(patches):
+        name, email = envs[first]["GIT_COMMITTER_NAME"], envs[first]["GIT_COMMITTER_EMAIL"]
+        last = first + 1
+        while last < len(patches) and (envs[last]["GIT_COMMITTER_NAME"], envs[last]["GIT_COMMITTER_EMAIL"]) == (
+            name,
+            email,
+        ):
+            last += 1
+        with_trailers = []
+        for patch, mail in zip(patches[first:last], mails[first:last], strict=True):
+            with_trailer = mail.with_name(mail.name + ".commit")
+            shutil.copyfile(mail, with_trailer)
+            trailer = f"--trailer={patched_repo.patch_file_trailer(patch.name)}"
+            repo.git.interpret_trailers("--in-place", trailer, str(with_trailer))
+            with_trailers.append(str(with_trailer))
+        before = patched_repo.head_commit(repo)
+        with repo.git.custom_environment(GIT_COMMITTER_NAME=name, GIT_COMMITTER_EMAIL=email):
+            repo.git.am("--quiet", "--keep-cr", "--committer-date-is-author-date", *with_trailers)
+        made = repo.git.rev_list("--reverse", f"{before}..HEAD").split()
+        if len(made) != last - first:
+            raise ApplyError(f"git am made {len(made)} commits for {last - first} patches")
+        commits += made
+        first = last
+    return commits

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -155,3 +156,41 @@ def test_accepts_matrix():
 def _cleanup_build(project):
     yield
     shutil.rmtree(project / "build", ignore_errors=True)
+
+
+def test_patches_committed_together_get_the_statuses_notes_and_commits_of_one_at_a_time(
+    project, make_patch, upstream_dir, store_env, tmp_path, monkeypatch
+):
+    """A stretch of patches that apply in turn is decided on a private index and committed by one
+    ``git am`` per author: the report and the commits must be those of one patch at a time."""
+
+    def change(line: int):
+        return lambda t: replace_line(t / "vllm" / "core.py", f"line_{line} = {line}\n", f"line_{line} = {line}0\n")
+
+    made = [make_patch(upstream_dir, change(line), f"core: change line {line}") for line in (5, 10, 15, 20, 25, 30, 35)]
+    third = made[2].read_text()
+    made[2].write_text(re.sub(r"^From: .*$", "From: Other Author <other@example.invalid>", third, count=1, flags=re.M))
+    made[4].write_text(made[4].read_text().replace("-line_25 = 25", "-line_25 = 99"))  # conflicts
+    sixth = made[5].read_text()
+    trailers = sixth[sixth.index("Description: ") : sixth.index("\n---\n")]
+    made[5].write_text(sixth.replace(trailers, "No trailer block in this message."))  # committed alone, amended
+    shifted = variant(
+        tmp_path,
+        "shifted",
+        lambda t: (t / "vllm" / "core.py").write_text(
+            "extra_1 = 1\nextra_2 = 2\n" + (t / "vllm" / "core.py").read_text()
+        ),
+    )
+    runs: list[int] = []
+    real_commit_run = apply.commit_run
+    monkeypatch.setattr(apply, "commit_run", lambda repo, p, m: (runs.append(len(p)), real_commit_run(repo, p, m))[1])
+    together = run_apply(project, shifted, "--allow-offset", "--output", str(tmp_path / "together"), base=upstream_dir)
+    assert runs == [4, 1]  # 1-4 (two authors), then 7; 5 conflicts and 6 has no trailers: one at a time
+    monkeypatch.setattr(apply, "_clean_run", lambda *args: [])
+    alone = run_apply(project, shifted, "--allow-offset", "--output", str(tmp_path / "alone"), base=upstream_dir)
+    assert statuses(together[1]) == ["offset", "offset", "offset", "offset", "conflict", "offset", "offset"]
+    assert together[0] == alone[0] == 1
+    for mine, reference in zip(together[1]["patches"], alone[1]["patches"], strict=True):
+        assert mine == reference
+    offsets = [[h["note"] for h in p["hunks"]] for p in together[1]["patches"] if p["status"] == "offset"]
+    assert offsets == [["offset +2"]] * 6
