@@ -146,7 +146,10 @@ def render_row(row: tuple[str, str, str, list[tuple[float, float]], list[tuple[f
         text += f"{'':<12} ratio {tw / hw:7.2f}x wall {tc / hc if hc else float('inf'):7.2f}x CPU"
     else:
         text += f"{'':<12} (no hand way)"
-    return text + f"   [n={len(tool_times)}, load average {load:.2f}]"
+    text += f"   [n={len(tool_times)}, load average {load:.2f}]"
+    # Each run in order: the first runs of a job may differ from the rest (the incremental job's
+    # first has no spare tree yet), which a median hides.
+    return text + f"\n{'':<12} tool runs, s CPU: " + " ".join(f"{c:.3f}" for _, c in tool_times)
 
 
 def run(jobs: list[str], repeat: int) -> None:

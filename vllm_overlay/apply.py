@@ -486,8 +486,11 @@ def _clean_run(
     committed alone, with an amend); the tree and HEAD are not touched.
     """
     run: list[PatchResult] = []
-    with repo.git.custom_environment(GIT_INDEX_FILE=str(area.root / "run-index")):
-        repo.git.read_tree("HEAD")
+    run_index = area.root / "run-index"
+    # HEAD's tree as an index: the tree's own index is exactly that here (a checkout, a reset or
+    # an am just wrote it), and a copy of it saves a read-tree of every upstream file.
+    shutil.copyfile(tree_root / ".git" / "index", run_index)
+    with repo.git.custom_environment(GIT_INDEX_FILE=str(run_index)):
         for index in range(start, len(patches)):
             patch, mail = patches[index], mails[index]
             if not patch.trailers:
