@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vllm_overlay import apply_record, faults, interrupts, linkcopy, paths, staging
+from vllm_overlay import apply_record, faults, interrupts, paths, staging
 from vllm_overlay.classify import FUZZ_CONTEXT, PatchResult, Status, apply_check, classify
 from vllm_overlay.errors import InputError
 from vllm_overlay.series import Patch, as_git_am_reads
@@ -276,8 +276,9 @@ def _apply_locked(
             before_replace()  # an untouched output (reusable) holds no work that is not in patches/
         area = staging.create_staging(output)
         results = None
-        if reusable:
-            results = _apply_on_prefix(area, output, inputs, reusable, patches, upstream, options, progress, seed_base)
+        shared = _spare_prefix(output, inputs, patches) if inputs and reuse else []
+        if shared:
+            results = _apply_on_spare(area, output, shared, patches, upstream, options, progress, seed_base)
         if results is None:
             results = _apply_in(area, patches, upstream, checkout, options, progress, seed_base, partial)
         if inputs is not None and all(r.accepted for r in results):
@@ -306,8 +307,9 @@ def _apply_locked(
 
 def _reusable_prefix(output: Path, inputs: apply_record.Inputs, patches: list[Patch]) -> tuple[list[PatchResult], int]:
     """The recorded results of the leading patches ``output`` already holds, built from the same inputs
-    and untouched since it was published (empty: nothing can be reused; rebuild from upstream), and
-    how many patches the output holds in all."""
+    and untouched since it was published (empty: nothing can be reused), and how many patches the
+    output holds in all. All of them: the run rebuilds nothing; any: the output holds no work of
+    the user's (the run replaces it without asking ``before_replace``)."""
     if not output.is_dir():
         return [], 0
     record = apply_record.load(output)
@@ -322,69 +324,57 @@ def _reusable_prefix(output: Path, inputs: apply_record.Inputs, patches: list[Pa
     return results, len(record["patches"])
 
 
-def _apply_on_prefix(
+def _spare_prefix(output: Path, inputs: apply_record.Inputs, patches: list[Patch]) -> list[PatchResult]:
+    """The recorded results of the leading patches ``output``'s spare holds (empty: none, or a spare
+    of other inputs, or one whose HEAD is off the tool's branch).
+
+    Its working tree needs no check: ``_apply_on_spare`` resets it with ``git reset --hard``, which
+    rewrites every tracked file that differs (git's own stat check, ctime included, as ``git
+    status`` makes it), and ``git clean -ffdx``, which removes everything else; commits made in it
+    are left behind by the reset. What it holds afterwards is the last shared patch's commit.
+    """
+    spare = staging.spare_path(output)
+    record = apply_record.load(spare)
+    if record is None or not apply_record.same_inputs(record, inputs) or not apply_record.on_branch(spare, record):
+        return []
+    count = apply_record.same_prefix(record, patches)
+    results = apply_record.results_of(record)[:count]
+    return results if all(r.accepted and r.commit for r in results) else []
+
+
+def _apply_on_spare(
     area: staging.StagingArea,
     output: Path,
-    inputs: apply_record.Inputs,
-    reused: list[PatchResult],
+    shared: list[PatchResult],
     patches: list[Patch],
     upstream: Upstream,
     options: Options,
     progress: Callable[[int, int, str], None] | None,
     seed_base: Callable[[], str | None] | None,
 ) -> list[PatchResult] | None:
-    """Re-apply only the patches after ``reused`` (the leading ones ``output`` holds as recorded).
+    """Re-apply only the patches after ``shared`` (the leading ones ``output``'s spare holds as recorded).
 
-    The staging tree is the output's spare where that holds the last reused patch's commit
-    (``_spare_at``), else a copy of ``output`` sharing its files (``linkcopy``); either is reset to
-    that commit, the rest is classified and committed as in a full apply, and the result replaces
-    ``output`` in one step as always. None where no such tree can be had (the caller then builds
-    from upstream; the staging tree is removed).
+    The spare becomes the staging tree, reset to the last shared patch's commit (only the files
+    the later patches touched are rewritten); the rest is classified and committed as in a full
+    apply, and the result replaces ``output`` in one step as always. Commit ids are a full
+    apply's: each depends only on the upstream, the patches before it and its own mail. None where
+    git cannot reset the spare (the caller then builds from upstream; the spare is gone).
     """
     import git
 
-    base = reused[-1].commit
-    repo = None
-    if _spare_at(output, inputs, base) and staging.take_spare(area, output):
-        try:
-            repo = git.Repo(area.tree)
-            repo.git.reset("--hard", "--quiet", base)
-            repo.git.clean("-ffdxq")  # untracked and ignored files: a build from upstream has none
-        except git.GitError:  # a spare git cannot reset (a stale index.lock, a broken repository)
-            repo = None
-            shutil.rmtree(area.tree, ignore_errors=True)
-    if repo is None:
-        try:
-            linkcopy.link_copy(output, area.tree)
-        except OSError:
-            shutil.rmtree(area.tree, ignore_errors=True)
-            return None
+    if not staging.take_spare(area, output):
+        return None
+    try:
         repo = git.Repo(area.tree)
-        repo.git.config("core.trustctime", "false")  # the hard links changed every file's ctime
-        repo.git.reset("--hard", "--quiet", base)
+        repo.git.reset("--hard", "--quiet", shared[-1].commit)
+        repo.git.clean("-ffdxq")  # untracked and ignored files: a build from upstream has none
+    except git.GitError:  # a stale index.lock, a broken repository
+        shutil.rmtree(area.tree, ignore_errors=True)
+        return None
     mails = write_mails(patches, area.mails)
     faults.phase("checked-out")
-    start = len(reused)
-    new = _apply_each(repo, area, patches, mails, upstream, options, progress, seed_base, start)
-    return [*reused, *new]
-
-
-def _spare_at(output: Path, inputs: apply_record.Inputs, commit: str | None) -> bool:
-    """True when ``output``'s spare was built from ``inputs``, holds ``commit`` among its recorded
-    patches and has HEAD on the tool's branch.
-
-    Nothing in its working tree needs checking: ``git reset --hard`` to ``commit`` rewrites every
-    tracked file that differs (git's own stat check, as ``git status`` would make it) and ``git
-    clean -ffdx`` removes everything else, so the tree is then ``commit``'s, whatever was done to
-    the spare; commits made in it are left behind by the reset.
-    """
-    spare = staging.spare_path(output)
-    record = apply_record.load(spare)
-    if record is None or commit is None or not apply_record.same_inputs(record, inputs):
-        return False
-    if commit not in {r.commit for r in apply_record.results_of(record) if r.accepted}:
-        return False
-    return apply_record.on_branch(spare, record)
+    new = _apply_each(repo, area, patches, mails, upstream, options, progress, seed_base, len(shared))
+    return [*shared, *new]
 
 
 def _apply_in(

@@ -38,7 +38,7 @@ FORMAT = 1
 BRANCH = "patched"
 # The modules whose code decides what a tree holds: a record made by other code is not reused.
 _ENGINE_MODULES = (
-    *("apply.py", "apply_record.py", "classify.py", "linkcopy.py", "patched_repo.py"),
+    *("apply.py", "apply_record.py", "classify.py", "patched_repo.py"),
     *("paths.py", "series.py", "staging.py", "upstream_trees.py"),
 )
 

@@ -70,9 +70,6 @@ SETTINGS = (
     ("trailer.ifmissing", "add"),
     ("trailer.where", "end"),
     ("trailer.separators", ":"),
-    # Not a setting that changes a tree: a checkout of the 8,500 files of an upstream writes them
-    # with one worker per core (git's parallel checkout) instead of one process alone.
-    ("checkout.workers", "0"),
 )
 _IDENTITY_KEYS = ("user.name", "user.email")
 

@@ -18,19 +18,11 @@ leaves at most a staging area whose owner lock nobody holds; the next run (under
 removes it.
 
 Why a spare: the replaced tree differs from the next build in the few files the last patches
-touch, so a re-apply after a patch changed starts from it (``take_spare``: reset to the last
-patch it still shares, instead of linking or checking out 8,500 files), and publishing never has
-to delete a whole tree. It costs one more tree of disk beside the output; removing it is always
-safe (the next such run links a copy of the output instead). Only a run holding the output's lock
-moves it, and a spare is used only where its own record and ``git status`` show it is exactly what
-was published (``apply._spare_at``).
-
-Why an exchange and not a symlink swap: OUTPUT stays a real directory at its own path, so users'
-shells, ``git -C build/patched``, export-patches and everything that resolves the path keep seeing
-one plain git repository, and ``rm -rf build/patched`` still removes all of it. Where the kernel
-or the file system cannot exchange (not Linux, some network file systems) publishing falls back
-to two renames; a run killed between them leaves the old tree in its staging area as ``retired``,
-and the next run puts it back before anything else.
+touch, so a re-apply after a patch changed starts from it (reset to the last patch it still
+shares, instead of checking out 8,500 files), and publishing never has to delete a whole tree.
+It costs one more tree of disk beside the output; removing it is always safe (the next such run
+builds from upstream instead). Only a run holding the output's lock moves it, and it is used only
+where its own record names the run's inputs (``apply._spare_prefix``).
 """
 
 from __future__ import annotations

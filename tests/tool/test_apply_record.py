@@ -15,10 +15,10 @@ import sys
 from pathlib import Path
 
 import git
-import pytest
 
 from tests.tool.helpers import IDENTITY, lock_a_local_release, replace_line
-from vllm_overlay import apply_record, cli, linkcopy, upstream_trees
+from vllm_overlay import apply as apply_engine
+from vllm_overlay import apply_record, cli, upstream_trees
 
 
 def change(line: int, to: int):
@@ -104,16 +104,20 @@ def test_other_inputs_are_never_answered_from_the_record(project, make_patch, up
 
 
 def test_after_patch_k_changed_only_k_to_n_are_re_applied_and_the_tree_is_a_full_applys(
-    project, make_patch, upstream_dir, store_env, tmp_path
+    project, make_patch, upstream_dir, store_env, tmp_path, monkeypatch
 ):
     patches = series_of(make_patch, upstream_dir, 3)
     out = tmp_path / "out"
     apply(project, upstream_dir, out)
-    before = apply_record.load(out)
-    second = patches[1]
-    second.write_bytes(second.read_bytes().replace(b"\n---\n", b"\nReworded.\n---\n", 1))
-    result = apply(project, upstream_dir, out)
+    reword(patches[2], "Reworded the last.")
+    apply(project, upstream_dir, out)  # the first tree is now the spare
+    before = apply_record.load(tmp_path / ".out.spare")
+    reword(patches[1], "Reworded.")
+    with monkeypatch.context() as patched:
+        starts = track_re_applies(patched)
+        result = apply(project, upstream_dir, out)
     assert result["code"] == 0 and not result["unchanged"] and result["published"]
+    assert starts == [1]  # patches 2 and 3 applied, on the spare's patch 1
     assert result["patches"][0]["commit"] == before["results"][0]["commit"]  # reused
     assert result["patches"][1]["commit"] != before["results"][1]["commit"]  # re-applied
     assert "Reworded." in git.Repo(out).commit(result["patches"][1]["commit"]).message
@@ -123,6 +127,25 @@ def test_after_patch_k_changed_only_k_to_n_are_re_applied_and_the_tree_is_a_full
     assert git.Repo(out).head.commit.tree.hexsha == git.Repo(full).head.commit.tree.hexsha
     assert git.Repo(out).git.status("--porcelain") == ""
     assert apply(project, upstream_dir, out)["unchanged"]
+
+
+def track_re_applies(monkeypatch) -> list[int]:
+    """Fail any checkout of an upstream from now on; return the list of the patch index each
+    re-apply on a spare starts at (0-based), filled as runs go."""
+    starts: list[int] = []
+
+    def no_checkout(*args, **kwargs):
+        raise AssertionError("checked out the upstream although the spare holds a prefix of the series")
+
+    real_on_spare = apply_engine._apply_on_spare
+
+    def on_spare(area, output, shared, *rest):
+        starts.append(len(shared))
+        return real_on_spare(area, output, shared, *rest)
+
+    monkeypatch.setattr(upstream_trees, "checkout", no_checkout)
+    monkeypatch.setattr(apply_engine, "_apply_on_spare", on_spare)
+    return starts
 
 
 def test_a_refused_patch_after_the_reused_prefix_leaves_the_output_as_it_was(
@@ -155,18 +178,14 @@ def test_the_replaced_tree_is_kept_as_the_spare_and_the_next_changed_patch_start
     assert not spare.exists()  # nothing was replaced
     first_inode = out.stat().st_ino
     reword(patches[2], "Reworded once.")
-    assert apply(project, upstream_dir, out)["code"] == 0  # no spare yet: a link copy of the output
+    assert apply(project, upstream_dir, out)["code"] == 0  # no spare yet: built from upstream
     assert spare.stat().st_ino == first_inode  # the tree it replaced, kept
     second_inode = out.stat().st_ino
-
-    def no_link_copy(*args, **kwargs):
-        raise AssertionError("linked a copy of the output although the spare holds patch 2")
-
     reword(patches[2], "Reworded twice.")
     with monkeypatch.context() as patched:
-        patched.setattr(linkcopy, "link_copy", no_link_copy)
+        starts = track_re_applies(patched)
         result = apply(project, upstream_dir, out)
-    assert result["code"] == 0 and result["published"] and not result["unchanged"]
+    assert starts == [2] and result["code"] == 0 and result["published"] and not result["unchanged"]
     assert spare.stat().st_ino == second_inode  # the spare became the output; the output the spare
     assert out.stat().st_ino == first_inode
     reference = apply(project, upstream_dir, tmp_path / "full")
@@ -187,6 +206,7 @@ def test_a_spare_changed_by_hand_still_gives_a_full_applys_tree(
         [
             lambda: core.write_text(core.read_text() + "x = 1\n"),
             lambda: _rewrite_keeping_stat(core, core.read_text().replace("line_1 = 1\n", "line_1 = 7\n")),
+            lambda: _rewrite_keeping_stat(core, core.read_text().replace("line_2 = 2\n", "line_2 = 8\n")),
             lambda: (spare / "vllm" / "scratch.py").write_text("y = 2\n"),
             lambda: ((spare / "build").mkdir(), (spare / ".git" / "info" / "exclude").write_text("build/\n")),
             lambda: (core.write_text("staged\n"), git.Repo(spare).git.add("vllm/core.py")),
@@ -198,9 +218,9 @@ def test_a_spare_changed_by_hand_still_gives_a_full_applys_tree(
         hand_change()
         reword(patches[2], f"Reworded again, round {round}.")
         with monkeypatch.context() as patched:
-            patched.setattr(linkcopy, "link_copy", lambda *a, **k: pytest.fail("the spare was not used"))
+            starts = track_re_applies(patched)
             result = apply(project, upstream_dir, out)
-        assert result["code"] == 0 and result["published"], round
+        assert starts == [2] and result["code"] == 0 and result["published"], round
         full = tmp_path / f"full-{round}"
         reference = apply(project, upstream_dir, full)
         assert [p["commit"] for p in result["patches"]] == [p["commit"] for p in reference["patches"]], round
@@ -217,40 +237,19 @@ def test_a_spare_of_other_inputs_or_off_its_branch_is_not_used(
     apply(project, upstream_dir, out)
     reword(patches[1], "Reworded.")
     apply(project, upstream_dir, out)
-    used = []
-    real_link_copy = linkcopy.link_copy
-    monkeypatch.setattr(linkcopy, "link_copy", lambda *a: (used.append(True), real_link_copy(*a))[1])
+    checkouts = []
+    real_checkout = upstream_trees.checkout
+    monkeypatch.setattr(upstream_trees, "checkout", lambda *a: (checkouts.append(True), real_checkout(*a))[1])
     git.Repo(spare).git.checkout("-q", "-b", "mine")
     reword(patches[1], "Reworded again.")
-    assert apply(project, upstream_dir, out)["code"] == 0 and used == [True]  # the spare is off its branch
+    assert apply(project, upstream_dir, out)["code"] == 0 and checkouts == [True]  # the spare is off its branch
     reword(patches[1], "Reworded a third time.")
-    assert apply(project, upstream_dir, out, "--allow-offset")["code"] == 0  # other options: a full build
+    assert apply(project, upstream_dir, out, "--allow-offset")["code"] == 0  # other options: from upstream
     reword(patches[1], "Reworded a fourth time.")
     result = apply(project, upstream_dir, out, "--allow-offset")
-    assert result["code"] == 0 and used == [True, True]  # the spare is of the options before
+    assert result["code"] == 0 and checkouts == [True, True, True]  # the spare is of the options before
     reference = apply(project, upstream_dir, tmp_path / "full", "--allow-offset")
     assert [p["commit"] for p in result["patches"]] == [p["commit"] for p in reference["patches"]]
-
-
-def test_a_link_copy_is_never_written_through_by_git(tmp_path):
-    source = tmp_path / "source"
-    source.mkdir()
-    subprocess.run(["git", "init", "-q", str(source)], check=True)
-    (source / "f.txt").write_text("one\n")
-    env = {**os.environ, "GIT_AUTHOR_NAME": "a", "GIT_AUTHOR_EMAIL": "a@a", "GIT_COMMITTER_NAME": "a"}
-    env["GIT_COMMITTER_EMAIL"] = "a@a"
-    subprocess.run(["git", "-C", str(source), "add", "-A"], check=True)
-    subprocess.run(["git", "-C", str(source), "commit", "-qm", "1"], check=True, env=env)
-    (source / "f.txt").write_text("two\n")
-    subprocess.run(["git", "-C", str(source), "commit", "-qam", "2"], check=True, env=env)
-    copy = tmp_path / "copy"
-    linkcopy.link_copy(source, copy)
-    assert (copy / "f.txt").stat().st_ino == (source / "f.txt").stat().st_ino  # shared
-    assert not (copy / ".git" / "index").samefile(source / ".git" / "index")  # copied
-    subprocess.run(["git", "-C", str(copy), "reset", "-q", "--hard", "HEAD~1"], check=True)
-    assert (copy / "f.txt").read_text() == "one\n" and (source / "f.txt").read_text() == "two\n"
-    subprocess.run(["git", "-C", str(copy), "commit", "-q", "--allow-empty", "-m", "3"], check=True, env=env)
-    assert git.Repo(source).head.commit.message.strip() == "2"
 
 
 def apply_locked(project: Path, index: str, output: Path, *extra: str) -> dict:
