@@ -149,7 +149,10 @@ def render_row(row: tuple[str, str, str, list[tuple[float, float]], list[tuple[f
     text += f"   [n={len(tool_times)}, load average {load:.2f}]"
     # Each run in order: the first runs of a job may differ from the rest (the incremental job's
     # first has no spare tree yet), which a median hides.
-    return text + f"\n{'':<12} tool runs, s CPU: " + " ".join(f"{c:.3f}" for _, c in tool_times)
+    text += f"\n{'':<12} tool runs, s CPU: " + " ".join(f"{c:.3f}" for _, c in tool_times)
+    if hand_times:
+        text += f"\n{'':<12} hand runs, s CPU: " + " ".join(f"{c:.3f}" for _, c in hand_times)
+    return text
 
 
 def run(jobs: list[str], repeat: int) -> None:
@@ -170,7 +173,13 @@ def run(jobs: list[str], repeat: int) -> None:
             )
 
         def remove(path: Path) -> Callable[[], None]:
-            return lambda: shutil.rmtree(path, ignore_errors=True)
+            def step() -> None:
+                shutil.rmtree(path, ignore_errors=True)
+                # The kernel writes the removal (and the last run's files) back before the next
+                # timed run, instead of billing it to whichever side runs next.
+                os.sync()
+
+            return step
 
         # The output both the no-op and the incremental jobs start from; the hand clone beside it.
         subprocess.run(bench.tool("apply-patches", "-o", str(out)), check=True, capture_output=True, env=ENV)
