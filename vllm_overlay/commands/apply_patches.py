@@ -129,7 +129,7 @@ def _build(
     """Obtain (and verify) the upstream and apply the series: what every run does that a record cannot answer."""
     import git
 
-    from vllm_overlay import apply, apply_record, export, series, staging, upstream_trees
+    from vllm_overlay import apply, apply_record, series, staging, upstream_trees
 
     patches = series.select(series.load_series(proj.patches, allow_empty=False), args.only)
     upstream = upstream_trees.obtain(args.upstream, the_lock, store)
@@ -139,6 +139,8 @@ def _build(
         """Under the output's lock, before it is rebuilt (an unchanged output is never replaced)."""
         if not target.is_dir() or args.discard_unexported:
             return
+        from vllm_overlay import export  # here: a run that replaces an untouched output never needs it
+
         lost = export.unexported_work(target, proj.patches, staging.published_head(target))
         if lost:
             raise apply.WorkWouldBeLost(
