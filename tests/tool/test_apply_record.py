@@ -168,13 +168,18 @@ def reword(patch: Path, words: str) -> None:
     patch.write_bytes(patch.read_bytes().replace(b"\n---\n", f"\n{words}\n---\n".encode(), 1))
 
 
+def built(project: Path, make_patch, upstream: Path, tmp_path: Path, count: int) -> tuple[list[Path], Path, Path]:
+    """``count`` patches applied into tmp_path/out: the patches, the output and where its spare goes."""
+    patches = series_of(make_patch, upstream, count)
+    out = tmp_path / "out"
+    apply(project, upstream, out)
+    return patches, out, tmp_path / ".out.spare"
+
+
 def test_the_replaced_tree_is_kept_as_the_spare_and_the_next_changed_patch_starts_from_it(
     project, make_patch, upstream_dir, store_env, tmp_path, monkeypatch
 ):
-    patches = series_of(make_patch, upstream_dir, 3)
-    out = tmp_path / "out"
-    spare = tmp_path / ".out.spare"
-    apply(project, upstream_dir, out)
+    patches, out, spare = built(project, make_patch, upstream_dir, tmp_path, 3)
     assert not spare.exists()  # nothing was replaced
     first_inode = out.stat().st_ino
     reword(patches[2], "Reworded once.")
@@ -197,10 +202,7 @@ def test_the_replaced_tree_is_kept_as_the_spare_and_the_next_changed_patch_start
 def test_a_spare_changed_by_hand_still_gives_a_full_applys_tree(
     project, make_patch, upstream_dir, store_env, tmp_path, monkeypatch
 ):
-    patches = series_of(make_patch, upstream_dir, 3)
-    out = tmp_path / "out"
-    spare = tmp_path / ".out.spare"
-    apply(project, upstream_dir, out)
+    patches, out, spare = built(project, make_patch, upstream_dir, tmp_path, 3)
     core = spare / "vllm" / "core.py"
     for round, hand_change in enumerate(
         [
@@ -231,10 +233,7 @@ def test_a_spare_changed_by_hand_still_gives_a_full_applys_tree(
 def test_a_spare_of_other_inputs_or_off_its_branch_is_not_used(
     project, make_patch, upstream_dir, store_env, tmp_path, monkeypatch
 ):
-    patches = series_of(make_patch, upstream_dir, 2)
-    out = tmp_path / "out"
-    spare = tmp_path / ".out.spare"
-    apply(project, upstream_dir, out)
+    patches, out, spare = built(project, make_patch, upstream_dir, tmp_path, 2)
     reword(patches[1], "Reworded.")
     apply(project, upstream_dir, out)
     checkouts = []
