@@ -511,16 +511,14 @@ def commit_run(repo: git.Repo, patches: list[Patch], mails: list[Path]) -> list[
     from vllm_overlay import patched_repo
 
     envs = [_committer_env(repo, mail) for mail in mails]
+    committers = [(env["GIT_COMMITTER_NAME"], env["GIT_COMMITTER_EMAIL"]) for env in envs]
     commits: list[str] = []
     first = 0
     while first < len(patches):
-        name, email = envs[first]["GIT_COMMITTER_NAME"], envs[first]["GIT_COMMITTER_EMAIL"]
         last = first + 1
-        while last < len(patches) and (envs[last]["GIT_COMMITTER_NAME"], envs[last]["GIT_COMMITTER_EMAIL"]) == (
-            name,
-            email,
-        ):
+        while last < len(patches) and committers[last] == committers[first]:
             last += 1
+        name, email = committers[first]
         with_trailers = []
         for patch, mail in zip(patches[first:last], mails[first:last], strict=True):
             with_trailer = mail.with_name(mail.name + ".commit")

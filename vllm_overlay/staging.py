@@ -17,6 +17,13 @@ record) it is kept as the spare, else it is removed with the area. A run killed 
 leaves at most a staging area whose owner lock nobody holds; the next run (under the output lock)
 removes it.
 
+Why an exchange and not a symlink swap: OUTPUT stays a real directory at its own path, so users'
+shells, ``git -C build/patched``, export-patches and everything that resolves the path keep seeing
+one plain git repository, and ``rm -rf build/patched`` still removes all of it (its spare is
+``.patched.spare`` beside it). Where the kernel or the file system cannot exchange (not Linux,
+some network file systems) publishing falls back to two renames; a run killed between them leaves
+the old tree in its staging area as ``retired``, and the next run puts it back before anything else.
+
 Why a spare: the replaced tree differs from the next build in the few files the last patches
 touch, so a re-apply after a patch changed starts from it (reset to the last patch it still
 shares, instead of checking out 8,500 files), and publishing never has to delete a whole tree.
