@@ -113,17 +113,27 @@ def commit_patch(repo: git.Repo, patch: Patch, mail: Path, status: Status) -> st
         flags.append(f"-C{FUZZ_CONTEXT}")
     if status is Status.MERGED_3WAY:
         flags.append("--3way")
-    trailer = f"--trailer={patched_repo.patch_file_trailer(patch.name)}"
     with repo.git.custom_environment(**_committer_env(repo, mail)):
         if patch.trailers:
-            with_trailer = mail.with_name(mail.name + ".commit")
-            shutil.copyfile(mail, with_trailer)
-            repo.git.interpret_trailers("--in-place", trailer, str(with_trailer))
-            repo.git.am(*flags, str(with_trailer))
+            repo.git.am(*flags, str(_mail_with_trailer(repo, patch, mail)))
         else:
             repo.git.am(*flags, str(mail))
-            repo.git.commit("--amend", "--quiet", "--no-edit", "--no-verify", trailer)
+            repo.git.commit("--amend", "--quiet", "--no-edit", "--no-verify", _trailer_option(patch))
     return patched_repo.head_commit(repo)
+
+
+def _trailer_option(patch: Patch) -> str:
+    from vllm_overlay import patched_repo
+
+    return f"--trailer={patched_repo.patch_file_trailer(patch.name)}"
+
+
+def _mail_with_trailer(repo: git.Repo, patch: Patch, mail: Path) -> Path:
+    """A copy of ``mail`` whose trailer block ends in the ``Patch-File`` trailer (git's interpret-trailers)."""
+    with_trailer = mail.with_name(mail.name + ".commit")
+    shutil.copyfile(mail, with_trailer)
+    repo.git.interpret_trailers("--in-place", _trailer_option(patch), str(with_trailer))
+    return with_trailer
 
 
 def _committer_env(repo: git.Repo, mail: Path) -> dict[str, str]:
@@ -427,7 +437,9 @@ def _apply_each(
             faults.phase("committed")
             results += run
             index += len(run)
-            continue
+            if index == len(patches):
+                break
+        # patches[index] ended the run: it is classified (and committed) alone.
         patch, mail = patches[index], mails[index]
         index += 1
         if progress:
@@ -519,13 +531,10 @@ def commit_run(repo: git.Repo, patches: list[Patch], mails: list[Path]) -> list[
         while last < len(patches) and committers[last] == committers[first]:
             last += 1
         name, email = committers[first]
-        with_trailers = []
-        for patch, mail in zip(patches[first:last], mails[first:last], strict=True):
-            with_trailer = mail.with_name(mail.name + ".commit")
-            shutil.copyfile(mail, with_trailer)
-            trailer = f"--trailer={patched_repo.patch_file_trailer(patch.name)}"
-            repo.git.interpret_trailers("--in-place", trailer, str(with_trailer))
-            with_trailers.append(str(with_trailer))
+        with_trailers = [
+            str(_mail_with_trailer(repo, patch, mail))
+            for patch, mail in zip(patches[first:last], mails[first:last], strict=True)
+        ]
         before = patched_repo.head_commit(repo)
         with repo.git.custom_environment(GIT_COMMITTER_NAME=name, GIT_COMMITTER_EMAIL=email):
             repo.git.am("--quiet", "--keep-cr", "--committer-date-is-author-date", *with_trailers)
