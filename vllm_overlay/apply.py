@@ -10,6 +10,7 @@ never leaves a half-applied tree behind and the next run removes whatever a kill
 from __future__ import annotations
 
 import contextlib
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vllm_overlay import apply_record, faults, interrupts, paths, staging
-from vllm_overlay.classify import FUZZ_CONTEXT, PatchResult, Status, apply_check, classify
+from vllm_overlay.classify import CHECKING_RE, FUZZ_CONTEXT, PatchResult, Status, apply_check, classify
 from vllm_overlay.errors import InputError
 from vllm_overlay.series import Patch, as_git_am_reads
 from vllm_overlay.upstream_trees import Upstream
@@ -481,36 +482,82 @@ def _clean_run(
     """The results of the patches from ``start`` on that apply, each on the ones before, as accepted
     clean or offset patches; empty when ``patches[start]`` does not.
 
-    Each is applied with ``git apply --cached --verbose`` to a private index read from HEAD: the
+    They are applied with ``git apply --cached --verbose`` to a private index read from HEAD: the
     same check, on the same blobs, as ``git apply --check`` on the clean tree after the patches
-    before it were committed, and its verbose output gives the same hunk notes. The run ends
-    before the first patch that fails there, is not accepted, or has no trailer block (it is
-    committed alone, with an amend); the tree and HEAD are not touched.
+    before it were committed, and its verbose output gives the same hunk notes. All the candidates
+    (up to the first patch with no trailer block, which is committed alone, with an amend) are
+    applied by one ``git apply``, which reads mail after mail onto the index the ones before left;
+    where that fails (a patch in the stretch does not apply) they are applied one at a time to find
+    the first that does not. The run ends before the first patch that fails there or is not
+    accepted; the tree and HEAD are not touched.
     """
-    run: list[PatchResult] = []
+    candidates: list[int] = []
+    for index in range(start, len(patches)):
+        if not patches[index].trailers:
+            break
+        _refuse_unsafe_paths(patches[index], tree_root)  # a patch never adds a symlink: HEAD's tree decides
+        candidates.append(index)
+    if not candidates:
+        return []
     run_index = area.root / "run-index"
-    # HEAD's tree as an index: the tree's own index is exactly that here (a checkout, a reset or
-    # an am just wrote it), and a copy of it saves a read-tree of every upstream file.
-    shutil.copyfile(tree_root / ".git" / "index", run_index)
     with repo.git.custom_environment(GIT_INDEX_FILE=str(run_index)):
-        for index in range(start, len(patches)):
-            patch, mail = patches[index], mails[index]
-            if not patch.trailers:
-                break
-            _refuse_unsafe_paths(patch, tree_root)  # a patch never adds a symlink: HEAD's tree decides
-            status, _out, err = repo.git.apply(
-                "--cached", "--verbose", str(mail), with_extended_output=True, with_exceptions=False
-            )
-            if status != 0:
-                break
-            result = classify(repo, patch, mail, (0, err))
-            result.accepted = options.accepts(result.status)
-            if not result.accepted:
-                break
-            if progress:
-                progress(index + 1, len(patches), patch.name)
-            run.append(result)
+        # HEAD's tree as an index: the tree's own index is exactly that here (a checkout, a reset or
+        # an am just wrote it), and a copy of it saves a read-tree of every upstream file.
+        shutil.copyfile(tree_root / ".git" / "index", run_index)
+        outputs = _apply_cached_together(repo, [mails[i] for i in candidates])
+        if outputs is None:
+            shutil.copyfile(tree_root / ".git" / "index", run_index)
+            outputs = _apply_cached_in_turn(repo, [mails[i] for i in candidates])
+    run: list[PatchResult] = []
+    for index, err in zip(candidates, outputs, strict=False):
+        result = classify(repo, patches[index], mails[index], (0, err))
+        result.accepted = options.accepts(result.status)
+        if not result.accepted:
+            break
+        if progress:
+            progress(index + 1, len(patches), patches[index].name)
+        run.append(result)
     return run
+
+
+APPLIED_RE = re.compile(r"^Applied patch .+ (?:cleanly|with conflicts)\.$")
+
+
+def _apply_cached_together(repo: git.Repo, mails: list[Path]) -> list[str] | None:
+    """Each mail's part of one ``git apply --cached --verbose`` of all of ``mails`` (None: it failed).
+
+    git checks a mail's files, writes them to the index, then goes on to the next mail, so its
+    verbose output is one section per mail: "Checking patch" lines (with their hunk notes), then
+    "Applied patch" lines. A section count other than the mails' also gives None (read one at a time).
+    """
+    status, _out, err = repo.git.apply(
+        "--cached", "--verbose", *map(str, mails), with_extended_output=True, with_exceptions=False
+    )
+    if status != 0:
+        return None
+    sections: list[list[str]] = []
+    after_applied = True
+    for line in err.splitlines():
+        if CHECKING_RE.match(line) and after_applied:
+            sections.append([])
+        if not sections:
+            return None
+        sections[-1].append(line)
+        after_applied = bool(APPLIED_RE.match(line))
+    return ["\n".join(section) + "\n" for section in sections] if len(sections) == len(mails) else None
+
+
+def _apply_cached_in_turn(repo: git.Repo, mails: list[Path]) -> list[str]:
+    """The verbose output of each mail that applies in turn, up to the first that does not."""
+    outputs = []
+    for mail in mails:
+        status, _out, err = repo.git.apply(
+            "--cached", "--verbose", str(mail), with_extended_output=True, with_exceptions=False
+        )
+        if status != 0:
+            break
+        outputs.append(err)
+    return outputs
 
 
 def commit_run(repo: git.Repo, patches: list[Patch], mails: list[Path]) -> list[str]:

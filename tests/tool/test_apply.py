@@ -194,3 +194,64 @@ def test_patches_committed_together_get_the_statuses_notes_and_commits_of_one_at
         assert mine == reference
     offsets = [[h["note"] for h in p["hunks"]] for p in together[1]["patches"] if p["status"] == "offset"]
     assert offsets == [["offset +2"]] * 6
+
+
+def test_one_git_apply_of_a_stretch_gives_each_patch_its_own_hunk_notes(
+    project, make_patch, store_env, tmp_path, monkeypatch
+):
+    """The stretch is checked by one ``git apply`` of all its mails; each patch's notes must be the
+    ones of its own mail (two files, offsets in one and not the other, a clean patch in between)."""
+    other = "".join(f"other_{i} = {i}\n" for i in range(1, 41))
+    upstream = write_upstream(tmp_path / "upstream-two-files", extra={"vllm/other.py": other})
+
+    def edit(*changes: tuple[str, int]):
+        def apply_changes(tree: Path) -> None:
+            for stem, line in changes:
+                name = "core" if stem == "line" else "other"
+                replace_line(tree / "vllm" / f"{name}.py", f"{stem}_{line} = {line}\n", f"{stem}_{line} = {line}0\n")
+
+        return apply_changes
+
+    make_patch(upstream, edit(("line", 5), ("other", 20)), "two files, the second shifted")
+    make_patch(
+        upstream,
+        edit(
+            ("line", 20),
+        ),
+        "core below the shift",
+    )
+    make_patch(
+        upstream,
+        edit(
+            ("line", 3),
+        ),
+        "core above the shift",
+    )
+    make_patch(upstream, edit(("line", 30), ("other", 30)), "both shifted")
+
+    def shift(tree: Path) -> None:
+        replace_line(tree / "vllm" / "core.py", "line_10 = 10\n", "line_10 = 10\nextra_1 = 1\nextra_2 = 2\n")
+        (tree / "vllm" / "other.py").write_text("top_1 = 1\ntop_2 = 2\ntop_3 = 3\n" + other)
+
+    shifted = variant(
+        tmp_path, "shifted-two-files", lambda t: (write_upstream(t, extra={"vllm/other.py": other}), shift(t))
+    )
+
+    def not_in_turn(*args):
+        raise AssertionError("the stretch applied together: no patch is checked alone")
+
+    monkeypatch.setattr(apply, "_apply_cached_in_turn", not_in_turn)
+    together = run_apply(project, shifted, "--allow-offset", "--output", str(tmp_path / "together"), base=upstream)
+    monkeypatch.undo()
+    monkeypatch.setattr(apply, "_clean_run", lambda *args: [])
+    alone = run_apply(project, shifted, "--allow-offset", "--output", str(tmp_path / "alone"), base=upstream)
+    notes = [[str(h["file"]) + " " + h["note"] for h in p["hunks"]] for p in together[1]["patches"]]
+    assert notes == [
+        ["vllm/other.py offset +3"],
+        ["vllm/core.py offset +2"],
+        [],
+        ["vllm/core.py offset +2", "vllm/other.py offset +3"],
+    ]
+    assert statuses(together[1]) == ["offset", "offset", "clean", "offset"]
+    assert together[0] == alone[0] == 0
+    assert together[1]["patches"] == alone[1]["patches"]
