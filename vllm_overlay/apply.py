@@ -585,7 +585,10 @@ def commit_run(repo: git.Repo, patches: list[Patch], mails: list[Path]) -> list[
         before = patched_repo.head_commit(repo)
         with repo.git.custom_environment(GIT_COMMITTER_NAME=name, GIT_COMMITTER_EMAIL=email):
             repo.git.am("--quiet", "--keep-cr", "--committer-date-is-author-date", *with_trailers)
-        made = repo.git.rev_list("--reverse", f"{before}..HEAD").split()
+        after = patched_repo.head_commit(repo)
+        # One patch: HEAD is its commit (read from the refs); more: their ids in order.
+        made = [after] if last - first == 1 and after != before else []
+        made = made or repo.git.rev_list("--reverse", f"{before}..HEAD").split()
         if len(made) != last - first:
             raise ApplyError(f"git am made {len(made)} commits for {last - first} patches")
         commits += made

@@ -280,6 +280,35 @@ def test_an_unchanged_re_apply_of_the_locked_upstream_reads_no_upstream(
     assert [p["commit"] for p in again["patches"]] == [p["commit"] for p in first["patches"]]
 
 
+def test_a_re_apply_of_the_locked_upstream_on_the_spare_obtains_no_upstream_and_one_without_verifies_it(
+    project, make_patch, upstream_dir, store_env, tmp_path, monkeypatch
+):
+    index = lock_a_local_release(project, tmp_path)
+    patches = series_of(make_patch, upstream_dir, 2)
+    out = tmp_path / "out"
+    assert apply_locked(project, index, out)["code"] == 0
+    reword(patches[1], "Reworded.")
+    assert apply_locked(project, index, out)["code"] == 0  # the first replace: no spare yet
+    obtained: list[str] = []
+    real_obtain = upstream_trees.obtain
+    monkeypatch.setattr(upstream_trees, "obtain", lambda *a: (obtained.append("obtain"), real_obtain(*a))[1])
+    reword(patches[1], "Reworded again.")
+    with monkeypatch.context() as patched:
+        starts = track_re_applies(patched)
+        on_spare = apply_locked(project, index, out)
+    assert starts == [1] and on_spare["code"] == 0 and not on_spare["unchanged"] and obtained == []
+    reference = apply_locked(project, index, tmp_path / "full")
+    assert on_spare["upstream"] == reference["upstream"]
+    assert [p["commit"] for p in on_spare["patches"]] == [p["commit"] for p in reference["patches"]]
+    # A spare that cannot be used (off its branch): the run checks out the upstream, verified first.
+    git.Repo(tmp_path / ".out.spare").git.checkout("-q", "-b", "mine")
+    obtained.clear()
+    reword(patches[1], "Reworded a third time.")
+    again = apply_locked(project, index, out)
+    assert again["code"] == 0 and obtained == ["obtain"] and again["upstream"] == reference["upstream"]
+    assert apply_locked(project, index, out)["unchanged"]
+
+
 def test_the_record_alone_never_answers_for_a_changed_output_patch_or_cache(
     project, make_patch, upstream_dir, store_env, tmp_path
 ):

@@ -115,7 +115,21 @@ def _run(args: argparse.Namespace, proj: project.Project, target: Path) -> int:
         )
         if unchanged:
             return _report_applied(args, unchanged, [], the_lock, store, unchanged.upstream, target)
+        if recorded:
+            spare = upstream_of_spare(target, apply_record.lock_digest(the_lock), recorded)
+            return _build(args, proj, target, the_lock, store, options, spare)
     return _build(args, proj, target, the_lock, store, options)
+
+
+def upstream_of_spare(
+    target: Path, lock_sha256: str, recorded: dict[str, object]
+) -> upstream_trees.Upstream | None:
+    """The upstream ``target``'s spare tree was built from, when it is the locked import (a re-apply
+    after a patch changed may then need no upstream file: see ``_build``)."""
+    from vllm_overlay import apply_record, staging, upstream_trees
+
+    upstream = apply_record.upstream_if_imported(staging.spare_path(target), lock_sha256, recorded)
+    return upstream_trees.Upstream(**upstream) if upstream else None
 
 
 def _build(
@@ -125,15 +139,31 @@ def _build(
     the_lock: lock.Lock,
     store: Store,
     options: apply.Options,
+    spare_upstream: upstream_trees.Upstream | None = None,
 ) -> int:
-    """Obtain (and verify) the upstream and apply the series: what every run does that a record cannot answer."""
+    """Obtain (and verify) the upstream and apply the series: what every run does that a record cannot answer.
+
+    With ``spare_upstream`` (the locked import, which the output's spare tree was built from) the
+    upstream is obtained only if the run checks it out: a re-apply that starts from the spare reads
+    no upstream file (the spare holds the verified upstream's commit, as the output does), and
+    one that cannot verifies it first, as every build from upstream does.
+    """
     import git
 
     from vllm_overlay import apply, apply_record, series, staging, upstream_trees
 
     patches = series.select(series.load_series(proj.patches, allow_empty=False), args.only)
-    upstream = upstream_trees.obtain(args.upstream, the_lock, store)
+    upstream = spare_upstream or upstream_trees.obtain(args.upstream, the_lock, store)
     staging.check_replaceable(target)  # the user's own directory: refused before anything else
+
+    def checkout(dest: Path) -> git.Repo:
+        verified = upstream_trees.obtain(args.upstream, the_lock, store) if spare_upstream else upstream
+        if verified != upstream:
+            raise apply.ApplyError(
+                f"the upstream cache's {upstream.tag} changed while this run started ({upstream.commit} was "
+                f"recorded, {verified.commit} verified); run again"
+            )
+        return upstream_trees.checkout(store, verified, dest)
 
     def refuse_lost_work() -> None:
         """Under the output's lock, before it is rebuilt (an unchanged output is never replaced)."""
@@ -154,7 +184,7 @@ def _build(
         result = apply.apply_series(
             patches,
             upstream,
-            lambda dest: upstream_trees.checkout(store, upstream, dest),
+            checkout,
             target,
             options,
             progress=lambda i, n, name: output.info(f"[{i}/{n}] {name}"),
