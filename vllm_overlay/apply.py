@@ -18,7 +18,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vllm_overlay import apply_record, faults, interrupts, paths, staging
-from vllm_overlay.classify import CHECKING_RE, FUZZ_CONTEXT, PatchResult, Status, apply_check, classify
+from vllm_overlay.classify import (
+    CHECKING_RE,
+    FUZZ_CONTEXT,
+    PatchResult,
+    Status,
+    applied_cleanly,
+    apply_check,
+    classify,
+)
 from vllm_overlay.errors import InputError
 from vllm_overlay.series import Patch, as_git_am_reads
 from vllm_overlay.upstream_trees import Upstream
@@ -109,14 +117,15 @@ def commit_patch(repo: git.Repo, patch: Patch, mail: Path, status: Status) -> st
     """
     from vllm_overlay import patched_repo
 
+    tree = Path(repo.working_tree_dir or ".")
     flags = ["--quiet", "--keep-cr"]
     if status is Status.FUZZ:
         flags.append(f"-C{FUZZ_CONTEXT}")
     if status is Status.MERGED_3WAY:
         flags.append("--3way")
-    with repo.git.custom_environment(**_committer_env(repo, mail)):
+    with repo.git.custom_environment(**_committer_env(tree, mail)):
         if patch.trailers:
-            repo.git.am(*flags, str(_mail_with_trailer(repo, patch, mail)))
+            repo.git.am(*flags, str(_mail_with_trailer(tree, patch, mail)))
         else:
             repo.git.am(*flags, str(mail))
             repo.git.commit("--amend", "--quiet", "--no-edit", "--no-verify", _trailer_option(patch))
@@ -129,18 +138,21 @@ def _trailer_option(patch: Patch) -> str:
     return f"--trailer={patched_repo.patch_file_trailer(patch.name)}"
 
 
-def _mail_with_trailer(repo: git.Repo, patch: Patch, mail: Path) -> Path:
+def _mail_with_trailer(tree: Path, patch: Patch, mail: Path) -> Path:
     """A copy of ``mail`` whose trailer block ends in the ``Patch-File`` trailer (git's interpret-trailers)."""
+    from vllm_overlay import patched_repo
+
     with_trailer = mail.with_name(mail.name + ".commit")
     shutil.copyfile(mail, with_trailer)
-    repo.git.interpret_trailers("--in-place", _trailer_option(patch), str(with_trailer))
+    patched_repo.git(tree, "interpret-trailers", "--in-place", _trailer_option(patch), str(with_trailer))
     return with_trailer
 
 
-def _committer_env(repo: git.Repo, mail: Path) -> dict[str, str]:
+def _committer_env(tree: Path, mail: Path) -> dict[str, str]:
     """Committer = author, at the author's date: the same series gives the same commit ids."""
-    with open(mail, "rb") as handle:
-        author = repo.git.execute(["git", "mailinfo", "/dev/null", "/dev/null"], istream=handle)
+    from vllm_overlay import patched_repo
+
+    author = patched_repo.git(tree, "mailinfo", "/dev/null", "/dev/null", stdin=mail.read_bytes())
     fields = dict(line.split(": ", 1) for line in author.splitlines() if ": " in line)
     return {
         "GIT_COMMITTER_NAME": fields.get("Author", "vllm-overlay"),
@@ -369,22 +381,24 @@ def _apply_on_spare(
     the later patches touched are rewritten); the rest is classified and committed as in a full
     apply, and the result replaces ``output`` in one step as always. Commit ids are a full
     apply's: each depends only on the upstream, the patches before it and its own mail. None where
-    git cannot reset the spare (the caller then builds from upstream; the spare is gone).
+    git cannot reset the spare (the caller then builds from upstream; the spare is gone). Plain
+    git processes: GitPython is imported only if a patch needs more than a clean stretch.
     """
-    import git
+    from vllm_overlay import patched_repo
 
     if not staging.take_spare(area, output):
         return None
     try:
-        repo = git.Repo(area.tree)
-        repo.git.reset("--hard", "--quiet", shared[-1].commit)
-        repo.git.clean("-ffdxq")  # untracked and ignored files: a build from upstream has none
-    except git.GitError:  # a stale index.lock, a broken repository
+        patched_repo.git(area.tree, "reset", "--hard", "--quiet", shared[-1].commit)
+        patched_repo.git(area.tree, "clean", "-ffdxq")  # untracked and ignored files: a build from upstream has none
+    except patched_repo.GitError:  # a stale index.lock, a broken repository
         shutil.rmtree(area.tree, ignore_errors=True)
         return None
     mails = write_mails(patches, area.mails)
     faults.phase("checked-out")
-    new = _apply_each(repo, area, patches, mails, upstream, options, progress, seed_base, len(shared))
+    new = _apply_each(
+        None, area, patches, mails, upstream, options, progress, seed_base, len(shared), shared[-1].commit
+    )
     return [*shared, *new]
 
 
@@ -405,11 +419,11 @@ def _apply_in(
     repo = checkout(area.tree)
     patched_repo.record_upstream(repo, upstream.commit, partial=partial)
     faults.phase("checked-out")
-    return _apply_each(repo, area, patches, mails, upstream, options, progress, seed_base, 0)
+    return _apply_each(repo, area, patches, mails, upstream, options, progress, seed_base, 0, upstream.commit)
 
 
 def _apply_each(
-    repo: git.Repo,
+    repo: git.Repo | None,
     area: staging.StagingArea,
     patches: list[Patch],
     mails: list[Path],
@@ -418,29 +432,36 @@ def _apply_each(
     progress: Callable[[int, int, str], None] | None,
     seed_base: Callable[[], str | None] | None,
     start: int,
+    head: str,
 ) -> list[PatchResult]:
-    """Classify (and commit, where accepted) ``patches[start:]`` in order on ``repo``'s HEAD.
+    """Classify (and commit, where accepted) ``patches[start:]`` in order on ``head``, the staging tree's HEAD.
 
     Patches that apply one after another at their recorded lines (or at offsets, where accepted)
     are decided on a private index and committed by one ``git am`` (``_clean_run``); the first
-    that does not is classified and committed alone on the tree, exactly as before the run.
+    that does not is classified and committed alone on the tree, exactly as before the run, through
+    ``repo`` (opened here where the caller had no need of one).
     """
     seeded = False
-    tree_root = Path(repo.working_tree_dir or area.tree)
+    tree_root = area.tree
     results: list[PatchResult] = []
     index = start
     while index < len(patches):
-        run = _clean_run(repo, area, patches, mails, options, progress, index, tree_root)
+        run = _clean_run(area, patches, mails, options, progress, index)
         if run:
-            commits = commit_run(repo, patches[index : index + len(run)], mails[index : index + len(run)])
+            commits = commit_run(tree_root, patches[index : index + len(run)], mails[index : index + len(run)], head)
             for result, commit in zip(run, commits, strict=True):
                 result.commit = commit
             faults.phase("committed")
             results += run
             index += len(run)
+            head = commits[-1]
             if index == len(patches):
                 break
         # patches[index] ended the run: it is classified (and committed) alone.
+        if repo is None:
+            import git
+
+            repo = git.Repo(tree_root)
         patch, mail = patches[index], mails[index]
         index += 1
         if progress:
@@ -457,7 +478,7 @@ def _apply_each(
         result = classify(repo, patch, mail, check)
         result.accepted = options.accepts(result.status)
         if result.accepted:
-            result.commit = commit_patch(repo, patch, mail, result.status)
+            result.commit = head = commit_patch(repo, patch, mail, result.status)
             faults.phase("committed")
         results.append(result)
     return results
@@ -470,14 +491,12 @@ def _refuse_unsafe_paths(patch: Patch, tree_root: Path) -> None:
 
 
 def _clean_run(
-    repo: git.Repo,
     area: staging.StagingArea,
     patches: list[Patch],
     mails: list[Path],
     options: Options,
     progress: Callable[[int, int, str], None] | None,
     start: int,
-    tree_root: Path,
 ) -> list[PatchResult]:
     """The results of the patches from ``start`` on that apply, each on the ones before, as accepted
     clean or offset patches; empty when ``patches[start]`` does not.
@@ -491,6 +510,7 @@ def _clean_run(
     the first that does not. The run ends before the first patch that fails there or is not
     accepted; the tree and HEAD are not touched.
     """
+    tree_root = area.tree
     candidates: list[int] = []
     for index in range(start, len(patches)):
         if not patches[index].trailers:
@@ -500,17 +520,17 @@ def _clean_run(
     if not candidates:
         return []
     run_index = area.root / "run-index"
-    with repo.git.custom_environment(GIT_INDEX_FILE=str(run_index)):
-        # HEAD's tree as an index: the tree's own index is exactly that here (a checkout, a reset or
-        # an am just wrote it), and a copy of it saves a read-tree of every upstream file.
+    # HEAD's tree as an index: the tree's own index is exactly that here (a checkout, a reset or
+    # an am just wrote it), and a copy of it saves a read-tree of every upstream file.
+    shutil.copyfile(tree_root / ".git" / "index", run_index)
+    candidate_mails = [mails[i] for i in candidates]
+    outputs = _apply_cached_together(tree_root, run_index, candidate_mails)
+    if outputs is None:
         shutil.copyfile(tree_root / ".git" / "index", run_index)
-        outputs = _apply_cached_together(repo, [mails[i] for i in candidates])
-        if outputs is None:
-            shutil.copyfile(tree_root / ".git" / "index", run_index)
-            outputs = _apply_cached_in_turn(repo, [mails[i] for i in candidates])
+        outputs = _apply_cached_in_turn(tree_root, run_index, candidate_mails)
     run: list[PatchResult] = []
     for index, err in zip(candidates, outputs, strict=False):
-        result = classify(repo, patches[index], mails[index], (0, err))
+        result = applied_cleanly(patches[index], err)
         result.accepted = options.accepts(result.status)
         if not result.accepted:
             break
@@ -523,16 +543,17 @@ def _clean_run(
 APPLIED_RE = re.compile(r"^Applied patch .+ (?:cleanly|with conflicts)\.$")
 
 
-def _apply_cached_together(repo: git.Repo, mails: list[Path]) -> list[str] | None:
+def _apply_cached_together(tree: Path, index_file: Path, mails: list[Path]) -> list[str] | None:
     """Each mail's part of one ``git apply --cached --verbose`` of all of ``mails`` (None: it failed).
 
     git checks a mail's files, writes them to the index, then goes on to the next mail, so its
     verbose output is one section per mail: "Checking patch" lines (with their hunk notes), then
     "Applied patch" lines. A section count other than the mails' also gives None (read one at a time).
     """
-    status, _out, err = repo.git.apply(
-        "--cached", "--verbose", *map(str, mails), with_extended_output=True, with_exceptions=False
-    )
+    from vllm_overlay import patched_repo
+
+    env = {"GIT_INDEX_FILE": str(index_file)}
+    status, _out, err = patched_repo.run(tree, "apply", "--cached", "--verbose", *map(str, mails), env=env)
     if status != 0:
         return None
     sections: list[list[str]] = []
@@ -547,29 +568,31 @@ def _apply_cached_together(repo: git.Repo, mails: list[Path]) -> list[str] | Non
     return ["\n".join(section) + "\n" for section in sections] if len(sections) == len(mails) else None
 
 
-def _apply_cached_in_turn(repo: git.Repo, mails: list[Path]) -> list[str]:
+def _apply_cached_in_turn(tree: Path, index_file: Path, mails: list[Path]) -> list[str]:
     """The verbose output of each mail that applies in turn, up to the first that does not."""
+    from vllm_overlay import patched_repo
+
     outputs = []
     for mail in mails:
-        status, _out, err = repo.git.apply(
-            "--cached", "--verbose", str(mail), with_extended_output=True, with_exceptions=False
-        )
+        env = {"GIT_INDEX_FILE": str(index_file)}
+        status, _out, err = patched_repo.run(tree, "apply", "--cached", "--verbose", str(mail), env=env)
         if status != 0:
             break
         outputs.append(err)
     return outputs
 
 
-def commit_run(repo: git.Repo, patches: list[Patch], mails: list[Path]) -> list[str]:
-    """Commit ``patches`` (each with a trailer block, applying cleanly in turn) with as few ``git am``
-    as their committers allow; their commit ids, in order, the same ``commit_patch`` gives.
+def commit_run(tree: Path, patches: list[Patch], mails: list[Path], head: str) -> list[str]:
+    """Commit ``patches`` (each with a trailer block, applying cleanly in turn) onto ``head``, ``tree``'s
+    HEAD, with as few ``git am`` as their committers allow; their commit ids, in order, the same
+    ``commit_patch`` gives.
 
     Committer = author at the author's date, as ``commit_patch`` sets it: one ``git am
     --committer-date-is-author-date`` per stretch of patches by one author.
     """
     from vllm_overlay import patched_repo
 
-    envs = [_committer_env(repo, mail) for mail in mails]
+    envs = [_committer_env(tree, mail) for mail in mails]
     committers = [(env["GIT_COMMITTER_NAME"], env["GIT_COMMITTER_EMAIL"]) for env in envs]
     commits: list[str] = []
     first = 0
@@ -579,18 +602,17 @@ def commit_run(repo: git.Repo, patches: list[Patch], mails: list[Path]) -> list[
             last += 1
         name, email = committers[first]
         with_trailers = [
-            str(_mail_with_trailer(repo, patch, mail))
+            str(_mail_with_trailer(tree, patch, mail))
             for patch, mail in zip(patches[first:last], mails[first:last], strict=True)
         ]
-        before = patched_repo.head_commit(repo)
-        with repo.git.custom_environment(GIT_COMMITTER_NAME=name, GIT_COMMITTER_EMAIL=email):
-            repo.git.am("--quiet", "--keep-cr", "--committer-date-is-author-date", *with_trailers)
-        after = patched_repo.head_commit(repo)
-        # One patch: HEAD is its commit (read from the refs); more: their ids in order.
-        made = [after] if last - first == 1 and after != before else []
-        made = made or repo.git.rev_list("--reverse", f"{before}..HEAD").split()
+        am = ["am", "--quiet", "--keep-cr", "--committer-date-is-author-date", *with_trailers]
+        status, _out, err = patched_repo.run(tree, *am, env={"GIT_COMMITTER_NAME": name, "GIT_COMMITTER_EMAIL": email})
+        if status != 0:
+            raise patched_repo.GitError(tree, tuple(am), status, err.encode())
+        made = patched_repo.git(tree, "rev-list", "--reverse", f"{head}..HEAD").split()
         if len(made) != last - first:
             raise ApplyError(f"git am made {len(made)} commits for {last - first} patches")
         commits += made
+        head = made[-1]
         first = last
     return commits

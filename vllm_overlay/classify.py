@@ -160,6 +160,20 @@ def _three_way_succeeds(repo: git.Repo, patch_file: Path) -> bool:
     return status == 0
 
 
+def applied_cleanly(patch: Patch, stderr: str) -> PatchResult:
+    """The status of a patch that applied (``stderr``: git apply's verbose output for it): clean or
+    offset, with its hunk notes. Reads nothing from any repository."""
+    notes = _notes_from_success(patch, stderr)
+    return PatchResult(
+        name=patch.name,
+        series=patch.series,
+        subject=patch.subject,
+        accepted=False,
+        status=Status.OFFSET if notes else Status.CLEAN,
+        hunks=notes,
+    )
+
+
 def classify(repo: git.Repo, patch: Patch, mail: Path, check: tuple[int, str] | None = None) -> PatchResult:
     """Decide ``patch``'s status (git reads it from ``mail``) against the current tree, changing nothing.
 
@@ -168,8 +182,7 @@ def classify(repo: git.Repo, patch: Patch, mail: Path, check: tuple[int, str] | 
     base = dict(name=patch.name, series=patch.series, subject=patch.subject, accepted=False)
     status, err = check if check is not None else apply_check(repo, mail)
     if status == 0:
-        notes = _notes_from_success(patch, err)
-        return PatchResult(status=Status.OFFSET if notes else Status.CLEAN, hunks=notes, **base)
+        return applied_cleanly(patch, err)
     reverse_status, _ = apply_check(repo, mail, "--reverse")
     if reverse_status == 0:
         return PatchResult(

@@ -18,17 +18,20 @@ Everything git answers is read with git's own parsers (``%(trailers:...)``, ``in
 from __future__ import annotations
 
 import codecs
+import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, overload
 
-import git as gitpython
-import unidiff
-
 from vllm_overlay.errors import InputError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # GitPython and unidiff are imported where used: a re-apply on the spare needs neither
+    from collections.abc import Mapping
+
+    import git as gitpython
+    import unidiff
+
     from vllm_overlay.series import Patch
 
 CONFIG_UPSTREAM = "vllm-overlay.upstream"
@@ -70,8 +73,29 @@ def git(repo: Path | str, *args: str, binary: bool = False, stdin: bytes | None 
     return result.stdout if binary else result.stdout.decode()
 
 
+def run(
+    repo: Path | str, *args: str, env: Mapping[str, str] | None = None, stdin: Path | None = None
+) -> tuple[int, str, str]:
+    """``git -C repo ARGS``, which may fail: its exit status, stdout and stderr (text).
+
+    ``env`` is added to this process's environment; ``stdin``, a file, is git's standard input.
+    For the steps whose failure is an answer (``git apply`` of a patch that may not apply).
+    """
+    with open(stdin if stdin is not None else os.devnull, "rb") as given:
+        done = subprocess.run(
+            ["git", "-C", str(repo), *args],
+            stdin=given,
+            capture_output=True,
+            check=False,
+            env={**os.environ, **env} if env else None,
+        )
+    return done.returncode, done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace")
+
+
 def _dir(repo: gitpython.Repo | Path | str) -> Path:
-    return Path(repo.working_tree_dir or repo.git_dir) if isinstance(repo, gitpython.Repo) else Path(repo)
+    if isinstance(repo, (Path, str)):
+        return Path(repo)
+    return Path(repo.working_tree_dir or repo.git_dir)
 
 
 # --- the upstream base ----------------------------------------------------------------------------
@@ -79,6 +103,8 @@ def _dir(repo: gitpython.Repo | Path | str) -> Path:
 
 def head_commit(repo: gitpython.Repo) -> str:
     """HEAD's commit id, read from the refs by GitPython: no git process (a full apply asks once per patch)."""
+    import git as gitpython
+
     return gitpython.SymbolicReference.dereference_recursive(repo, "HEAD")
 
 
@@ -118,6 +144,8 @@ def upstream_base(repo: gitpython.Repo | Path | str) -> str:
     recorded = recorded_upstream(repo)
     if recorded is not None:
         return recorded
+    import git as gitpython
+
     r = repo if isinstance(repo, gitpython.Repo) else gitpython.Repo(repo)
     try:
         head = r.head.commit
@@ -282,6 +310,8 @@ def patch_post_images(patch: Patch) -> dict[str, str | None]:
     Read with unidiff, paths unquoted as git quotes them (spaces, non-ASCII letters, newlines). A
     change without an index line (mode only) claims no blob: None.
     """
+    import unidiff
+
     claimed: dict[str, str | None] = {}
     for patched in unidiff.PatchSet(patch.raw.decode("utf-8", errors="replace")):
         index = next((line for line in patched.patch_info if line.startswith("index ")), None)
@@ -306,6 +336,8 @@ def differs_from_patch(repo: gitpython.Repo | Path | str, patch: Patch, commit: 
     )
     if stale:
         return stale
+    import unidiff
+
     committed = unidiff.PatchSet(git(_dir(repo), "show", "--format=", "--no-renames", "--full-index", commit))
     return sorted(
         path for path, lines in changed_lines(committed).items() if changed_lines(patch.diff).get(path) != lines

@@ -133,11 +133,9 @@ def mark_published(tree: Path) -> None:
     The marker records the HEAD commit whose work patches/ holds (the one published, or the one
     export-patches wrote out): a later HEAD means the user committed there since.
     """
-    import git  # here: a run that publishes nothing never imports GitPython
-
     from vllm_overlay import patched_repo
 
-    head = patched_repo.head_commit(git.Repo(tree))
+    head = patched_repo.git(tree, "rev-parse", "--verify", "HEAD^{commit}").strip()
     text = f"published by vllm-overlay; the next run may replace this tree\nhead {head}\n"
     atomicfile.write_bytes(tree / ".git" / PUBLISHED_MARKER, text.encode())
 

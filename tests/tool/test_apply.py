@@ -183,7 +183,7 @@ def test_patches_committed_together_get_the_statuses_notes_and_commits_of_one_at
     )
     runs: list[int] = []
     real_commit_run = apply.commit_run
-    monkeypatch.setattr(apply, "commit_run", lambda repo, p, m: (runs.append(len(p)), real_commit_run(repo, p, m))[1])
+    monkeypatch.setattr(apply, "commit_run", lambda *a: (runs.append(len(a[1])), real_commit_run(*a))[1])
     together = run_apply(project, shifted, "--allow-offset", "--output", str(tmp_path / "together"), base=upstream_dir)
     assert runs == [4, 1]  # 1-4 (two authors), then 7; 5 conflicts and 6 has no trailers: one at a time
     monkeypatch.setattr(apply, "_clean_run", lambda *args: [])

@@ -21,7 +21,7 @@ from tests.tool.helpers import REPO_ROOT, Forked, alive, change_line_20, replace
 from vllm_overlay import cli, faults, staging
 
 STOP_AT_AM = """#!/bin/sh
-if [ "$1" = am ] && [ "$2" = --quiet ]; then echo $$ > "{marker}"; exec sleep 30; fi
+case " $* " in *" am --quiet "*) echo $$ > "{marker}"; exec sleep 30 ;; esac
 exec {git} "$@"
 """
 

@@ -367,3 +367,30 @@ def test_an_unchanged_re_apply_never_imports_the_apply_engines_heavy_modules(
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert done.stdout.split("\n")[-2] == "0 []", done.stdout + done.stderr
     assert "unchanged" in done.stdout
+
+
+def reword_description(patch: Path, words: str) -> None:
+    """Reword the patch's DEP-3 Description: its message still ends in its trailer block."""
+    text = patch.read_bytes()
+    assert b"\nDescription: " in text
+    patch.write_bytes(text.replace(b"\nDescription: ", f"\nDescription: ({words}) ".encode(), 1))
+
+
+def test_a_re_apply_on_the_spare_never_imports_gitpython(project, make_patch, upstream_dir, store_env, tmp_path):
+    """Reset, clean, the stretch's check and its git am are plain git processes: GitPython's import
+    is a third of such a run's time. Without it the run cannot have checked out the upstream."""
+    index = lock_a_local_release(project, tmp_path)
+    patches = series_of(make_patch, upstream_dir, 2)
+    out = tmp_path / "out"
+    assert apply_locked(project, index, out)["code"] == 0
+    reword_description(patches[1], "reworded")
+    assert apply_locked(project, index, out)["code"] == 0  # the first replace: no spare yet
+    reword_description(patches[1], "reworded again")
+    argv = ["apply-patches", "--project", str(project), "--index-url", index, "-o", str(out)]
+    probe = (
+        f"import sys; from vllm_overlay import cli; code = cli.main({argv!r}); "
+        "print(code, 'git' in sys.modules, 'tempfile' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.split("\n")[-2] == "0 False False", done.stdout + done.stderr
+    assert "(reworded again)" in git.Repo(out).git.log("-1", "--format=%B")

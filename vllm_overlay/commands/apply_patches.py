@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING
 from vllm_overlay import indexes, output, project
 
 if TYPE_CHECKING:
+    import git
+
     from vllm_overlay import apply, lock, series, upstream_trees
     from vllm_overlay.store import Store
 
@@ -121,9 +123,7 @@ def _run(args: argparse.Namespace, proj: project.Project, target: Path) -> int:
     return _build(args, proj, target, the_lock, store, options)
 
 
-def upstream_of_spare(
-    target: Path, lock_sha256: str, recorded: dict[str, object]
-) -> upstream_trees.Upstream | None:
+def upstream_of_spare(target: Path, lock_sha256: str, recorded: dict[str, object]) -> upstream_trees.Upstream | None:
     """The upstream ``target``'s spare tree was built from, when it is the locked import (a re-apply
     after a patch changed may then need no upstream file: see ``_build``)."""
     from vllm_overlay import apply_record, staging, upstream_trees
@@ -148,8 +148,6 @@ def _build(
     no upstream file (the spare holds the verified upstream's commit, as the output does), and
     one that cannot verifies it first, as every build from upstream does.
     """
-    import git
-
     from vllm_overlay import apply, apply_record, series, staging, upstream_trees
 
     patches = series.select(series.load_series(proj.patches, allow_empty=False), args.only)
@@ -198,10 +196,28 @@ def _build(
             before_replace=refuse_lost_work,
             reuse=not args.rebuild,
         )
-    except git.GitCommandError as exc:  # not a patch's fault (that is a status): the machine's
-        output.error(f"git failed: {' '.join(map(str, exc.command))}: {str(exc.stderr).strip()}; {target} unchanged")
+    except git_failures() as exc:  # not a patch's fault (that is a status): the machine's
+        output.error(f"git failed: {git_failure_text(exc)}; {target} unchanged")
         return 2
     return _report_applied(args, result, patches, the_lock, store, upstream, target)
+
+
+def git_failures() -> tuple[type[Exception], ...]:
+    """The exceptions of a git step that failed: the plain git calls', and GitPython's where a step
+    used it (evaluated when an exception arrives: a run that never imported GitPython raises none)."""
+    import sys
+
+    from vllm_overlay import patched_repo
+
+    gitpython = sys.modules.get("git")
+    return (patched_repo.GitError, gitpython.GitCommandError) if gitpython else (patched_repo.GitError,)
+
+
+def git_failure_text(exc: Exception) -> str:
+    command = getattr(exc, "command", None)  # GitPython's
+    if command is None:
+        return str(exc)
+    return f"{' '.join(map(str, command))}: {str(getattr(exc, 'stderr', '')).strip()}"
 
 
 def _report_applied(
