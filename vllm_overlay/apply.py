@@ -304,11 +304,12 @@ def _apply_locked(
             results = _apply_on_spare(area, output, shared, patches, upstream, options, progress, seed_base)
         if results is None:
             results = _apply_in(area, patches, upstream, checkout, options, progress, seed_base, partial)
+        head = None
         if inputs is not None and all(r.accepted for r in results):
-            apply_record.write(area.tree, inputs, patches, results)  # published with the tree, or not at all
+            head = apply_record.write(area.tree, inputs, patches, results)  # published with the tree, or not at all
         if publish_partial or all(r.accepted for r in results):
             with interrupts.deferred():  # a signal during publish arrives once ``published`` is true
-                old = staging.publish(area, output)
+                old = staging.publish(area, output, head)
                 published = True
                 if old is not None and apply_record.load(old) is not None:
                     staging.keep_spare(old, output)  # the next re-apply after a patch change starts from it

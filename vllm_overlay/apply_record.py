@@ -87,8 +87,9 @@ def lock_digest(the_lock: Lock) -> str:
     return hashlib.sha256(lockfile.render(the_lock).encode()).hexdigest()
 
 
-def write(tree: Path, inputs: Inputs, patches: list[Patch], results: list[PatchResult]) -> None:
-    """Record, in ``tree``'s git directory, what it was built from and holds (call before publishing)."""
+def write(tree: Path, inputs: Inputs, patches: list[Patch], results: list[PatchResult]) -> str:
+    """Record, in ``tree``'s git directory, what it was built from and holds (call before publishing);
+    the HEAD commit recorded."""
     head, tree_id = _git(tree, "rev-parse", "HEAD", "HEAD^{tree}").split()
     data = {
         **inputs.to_json(),
@@ -99,6 +100,7 @@ def write(tree: Path, inputs: Inputs, patches: list[Patch], results: list[PatchR
         "branch": BRANCH,
     }
     atomicfile.write_bytes(tree / ".git" / RECORD_FILE, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
+    return head
 
 
 def load(tree: Path) -> dict | None:

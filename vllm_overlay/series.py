@@ -51,19 +51,53 @@ class SeriesEntry:
         return self.path.split("/", 1)[0] if "/" in self.path else ""
 
 
-@dataclass
-class Patch:
-    """A parsed patch file."""
+@dataclass(frozen=True)
+class ParsedMail:
+    """What a patch file says, as this tool reads it (``parse_patch_bytes``)."""
 
-    path: Path
-    name: str  # path relative to patches/
     subject: str
     author: str
     date: str
     message: str  # subject line + body, as the commit message
     diff: unidiff.PatchSet
+
+
+@dataclass
+class Patch:
+    """A patch file: its bytes, and what they say (parsed when the patch is loaded, or on first use
+    for bytes an apply record proves this engine parsed before: ``patches_from_bytes``)."""
+
+    path: Path
+    name: str  # path relative to patches/
     raw: bytes = field(repr=False)
+    _parsed: ParsedMail | None = field(default=None, repr=False, compare=False)
     _trailers: list[tuple[str, str]] | None = field(default=None, repr=False, compare=False)
+
+    def parsed(self) -> ParsedMail:
+        """The parsed mail (SeriesError when the bytes do not parse)."""
+        if self._parsed is None:
+            self._parsed = parse_mail(self.raw, self.name)
+        return self._parsed
+
+    @property
+    def subject(self) -> str:
+        return self.parsed().subject
+
+    @property
+    def author(self) -> str:
+        return self.parsed().author
+
+    @property
+    def date(self) -> str:
+        return self.parsed().date
+
+    @property
+    def message(self) -> str:
+        return self.parsed().message
+
+    @property
+    def diff(self) -> unidiff.PatchSet:
+        return self.parsed().diff
 
     @property
     def trailers(self) -> list[tuple[str, str]]:
@@ -255,7 +289,14 @@ def as_git_am_reads(raw: bytes) -> bytes:
 
 
 def parse_patch_bytes(raw: bytes, path: Path, name: str) -> Patch:
-    """Parse one git-format-patch file."""
+    """Parse one git-format-patch file (SeriesError, naming it, when it is not one this tool reads)."""
+    patch = Patch(path=path, name=name, raw=raw)
+    patch.parsed()
+    return patch
+
+
+def parse_mail(raw: bytes, name: str) -> ParsedMail:
+    """What the git-format-patch file ``name`` (its bytes: ``raw``) says."""
     import email
     import email.policy
 
@@ -289,15 +330,12 @@ def parse_patch_bytes(raw: bytes, path: Path, name: str) -> Patch:
         raise SeriesError(f"{name}: the diff does not parse: {exc}") from exc
     if not len(diff):
         raise SeriesError(f"{name}: contains no diff")
-    return Patch(
-        path=path,
-        name=name,
+    return ParsedMail(
         subject=subject,
         author=str(mail.get("From", "")),
         date=str(mail.get("Date", "")),
         message=message,
         diff=diff,
-        raw=raw,
     )
 
 
@@ -334,6 +372,19 @@ def read_series_bytes(patches_dir: Path, *, allow_empty: bool = True) -> list[tu
     """(name, bytes) of every patch in series order, unparsed: all a run needs to compare them with
     what a tree recorded (``apply_record``), without the cost of parsing them."""
     return [(name, read_patch(patches_dir, name)) for name in _listed_names(patches_dir, allow_empty)]
+
+
+def patches_from_bytes(patches_dir: Path, mails: list[tuple[str, bytes]], parsed_before: int = 0) -> list[Patch]:
+    """The patches ``read_series_bytes`` read, parsed now, except the first ``parsed_before``.
+
+    Those are bytes an apply record names, from a run of this engine (whose sources include this
+    module) that parsed them: they parse again, and are parsed only if something reads them (a
+    re-apply on the spare reads only their names and bytes). The file is not read a second time.
+    """
+    patches = [Patch(path=patches_dir / name, name=name, raw=raw) for name, raw in mails]
+    for patch in patches[parsed_before:]:
+        patch.parsed()
+    return patches
 
 
 def _listed_names(patches_dir: Path, allow_empty: bool) -> list[str]:

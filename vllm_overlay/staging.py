@@ -127,15 +127,16 @@ def check_tool_directory(path: Path, names: frozenset[str], patterns: tuple[str,
         raise OutputNotOurs(path, f"holds {', '.join(foreign[:3])}{more}")
 
 
-def mark_published(tree: Path) -> None:
+def mark_published(tree: Path, head: str | None = None) -> None:
     """Mark ``tree`` (about to be published, or just exported) as this tool's, so a later run may replace it.
 
     The marker records the HEAD commit whose work patches/ holds (the one published, or the one
-    export-patches wrote out): a later HEAD means the user committed there since.
+    export-patches wrote out): a later HEAD means the user committed there since. ``head``: that
+    commit, where the caller just read it (None: read here).
     """
     from vllm_overlay import patched_repo
 
-    head = patched_repo.git(tree, "rev-parse", "--verify", "HEAD^{commit}").strip()
+    head = head or patched_repo.git(tree, "rev-parse", "--verify", "HEAD^{commit}").strip()
     text = f"published by vllm-overlay; the next run may replace this tree\nhead {head}\n"
     atomicfile.write_bytes(tree / ".git" / PUBLISHED_MARKER, text.encode())
 
@@ -304,15 +305,16 @@ def _renameat2_exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(a), None, str(b))
 
 
-def publish(area: StagingArea, output: Path) -> Path | None:
+def publish(area: StagingArea, output: Path, head: str | None = None) -> Path | None:
     """Make ``area.tree`` the ``output`` directory in one step; the old tree is left in the area.
+    ``head``: the tree's HEAD commit, where the caller knows it (``mark_published``).
 
     Returns where the old tree now lies (None: there was none). SIGINT and SIGTERM wait until the
     step is done, so an interrupted run either published or did not, and says which.
     """
     with interrupts.deferred():
         faults.phase("publish")
-        mark_published(area.tree)
+        mark_published(area.tree, head)
         if not output.exists():
             os.rename(area.tree, output)
             old = None

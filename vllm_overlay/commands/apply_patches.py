@@ -119,7 +119,7 @@ def _run(args: argparse.Namespace, proj: project.Project, target: Path) -> int:
             return _report_applied(args, unchanged, [], the_lock, store, unchanged.upstream, target)
         if recorded:
             spare = upstream_of_spare(target, apply_record.lock_digest(the_lock), recorded)
-            return _build(args, proj, target, the_lock, store, options, spare)
+            return _build(args, proj, target, the_lock, store, options, spare, mails)
     return _build(args, proj, target, the_lock, store, options)
 
 
@@ -140,17 +140,25 @@ def _build(
     store: Store,
     options: apply.Options,
     spare_upstream: upstream_trees.Upstream | None = None,
+    mails: list[tuple[str, bytes]] | None = None,
 ) -> int:
     """Obtain (and verify) the upstream and apply the series: what every run does that a record cannot answer.
 
     With ``spare_upstream`` (the locked import, which the output's spare tree was built from) the
     upstream is obtained only if the run checks it out: a re-apply that starts from the spare reads
     no upstream file (the spare holds the verified upstream's commit, as the output does), and
-    one that cannot verifies it first, as every build from upstream does.
+    one that cannot verifies it first, as every build from upstream does. ``mails``: the patch
+    files as already read (``series.read_series_bytes``); the leading ones the spare's record
+    names are parsed only if the run needs them (``series.patches_from_bytes``).
     """
     from vllm_overlay import apply, apply_record, series, staging, upstream_trees
 
-    patches = series.select(series.load_series(proj.patches, allow_empty=False), args.only)
+    if mails is None:
+        patches = series.select(series.load_series(proj.patches, allow_empty=False), args.only)
+    else:
+        spare_record = apply_record.load(staging.spare_path(target)) if spare_upstream else None
+        parsed_before = apply_record.same_prefix(spare_record, mails) if spare_record else 0
+        patches = series.select(series.patches_from_bytes(proj.patches, mails, parsed_before), args.only)
     upstream = spare_upstream or upstream_trees.obtain(args.upstream, the_lock, store)
     staging.check_replaceable(target)  # the user's own directory: refused before anything else
 
