@@ -18,7 +18,7 @@ import git
 
 from tests.tool.helpers import IDENTITY, lock_a_local_release, replace_line
 from vllm_overlay import apply as apply_engine
-from vllm_overlay import apply_record, cli, upstream_trees
+from vllm_overlay import apply_record, cli, series, upstream_trees
 
 
 def change(line: int, to: int):
@@ -394,3 +394,27 @@ def test_a_re_apply_on_the_spare_never_imports_gitpython(project, make_patch, up
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert done.stdout.split("\n")[-2] == "0 False False", done.stdout + done.stderr
     assert "(reworded again)" in git.Repo(out).git.log("-1", "--format=%B")
+
+
+def test_a_re_apply_on_the_spare_parses_only_the_patches_after_the_ones_it_holds(
+    project, make_patch, upstream_dir, store_env, tmp_path, monkeypatch
+):
+    index = lock_a_local_release(project, tmp_path)
+    patches = series_of(make_patch, upstream_dir, 3)
+    out = tmp_path / "out"
+    assert apply_locked(project, index, out)["code"] == 0
+    reword_description(patches[1], "reworded")
+    assert apply_locked(project, index, out)["code"] == 0  # the first replace: no spare yet
+    parsed: list[str] = []
+    real_parse = series.parse_mail
+    monkeypatch.setattr(series, "parse_mail", lambda raw, name: (parsed.append(name), real_parse(raw, name))[1])
+    reword_description(patches[1], "reworded again")
+    with monkeypatch.context() as patched:
+        starts = track_re_applies(patched)
+        result = apply_locked(project, index, out)
+    assert starts == [1] and result["code"] == 0
+    names = [p["name"] for p in result["patches"]]
+    assert parsed == names[1:]  # the spare holds the first: its bytes are never parsed
+    reference = apply_locked(project, index, tmp_path / "full")
+    assert [p["commit"] for p in result["patches"]] == [p["commit"] for p in reference["patches"]]
+    assert result["patches"][0] == reference["patches"][0]

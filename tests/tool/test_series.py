@@ -18,6 +18,20 @@ def test_parses_headers_and_diff(project, make_patch, upstream_dir):
     assert patch.touched_files == ["vllm/core.py"]
 
 
+def test_patches_from_bytes_parse_all_but_the_ones_parsed_before(project, make_patch, upstream_dir):
+    make_patch(upstream_dir, change_line_20, "core: change line 20")
+    mails = series.read_series_bytes(project / "patches")
+    broken = [(mails[0][0], b"not a patch\n"), (mails[0][0], mails[0][1])]
+    with pytest.raises(series.SeriesError, match="no '---' line"):
+        series.patches_from_bytes(project / "patches", broken)  # parsed now: refused at once
+    first, second = series.patches_from_bytes(project / "patches", broken, parsed_before=1)
+    assert second.subject == "core: change line 20" and first.raw == b"not a patch\n"
+    with pytest.raises(series.SeriesError, match="no '---' line"):
+        first.subject  # noqa: B018 (parsed on first use)
+    (loaded,) = series.load_series(project / "patches")
+    assert second == loaded and second.diff is not None
+
+
 def test_series_file_syntax(tmp_path):
     (tmp_path / "series").write_text("# comment\n\na/one.patch -p1\nb/two.patch # trailing\n")
     assert [e.path for e in series.read_series(tmp_path)] == ["a/one.patch", "b/two.patch"]
