@@ -182,14 +182,16 @@ def unchanged_results(
     return record["upstream"], results
 
 
-def upstream_if_imported(tree: Path, lock_sha256: str, imported: dict[str, object]) -> dict[str, object] | None:
-    """The upstream ``tree`` recorded (``Upstream.to_json()``), when it was built from the lock with
-    digest ``lock_sha256`` and the import ``upstream_trees.imported_locked`` describes; else None.
+def upstream_if_imported(
+    record: dict | None, lock_sha256: str, imported: dict[str, object]
+) -> dict[str, object] | None:
+    """The upstream ``record`` (a tree's, ``load``) names (``Upstream.to_json()``), when the tree was
+    built from the lock with digest ``lock_sha256`` and the import ``upstream_trees.imported_locked``
+    describes; else None.
 
     A hint read without the output's lock, for a re-apply that may need no upstream file: the run
     decides again under the lock (``same_inputs``) whether the tree can be used.
     """
-    record = load(tree)
     if record is None or record.get("lock_sha256") != lock_sha256 or not isinstance(record.get("upstream"), dict):
         return None
     recorded = dict(record["upstream"])

@@ -280,15 +280,29 @@ def test_an_unchanged_re_apply_of_the_locked_upstream_reads_no_upstream(
     assert [p["commit"] for p in again["patches"]] == [p["commit"] for p in first["patches"]]
 
 
+def reword_description(patch: Path, words: str) -> None:
+    """Reword the patch's DEP-3 Description: its message still ends in its trailer block."""
+    text = patch.read_bytes()
+    assert b"\nDescription: " in text
+    patch.write_bytes(text.replace(b"\nDescription: ", f"\nDescription: ({words}) ".encode(), 1))
+
+
+def locked_with_a_spare(project, make_patch, upstream, tmp_path, count, reworded):
+    """``count`` patches applied from a locked local release into tmp_path/out, then patch 2 reworded
+    (``reworded(patch, words)``) and applied again, so the output has a spare: (index, patches, out)."""
+    index = lock_a_local_release(project, tmp_path)
+    patches = series_of(make_patch, upstream, count)
+    out = tmp_path / "out"
+    assert apply_locked(project, index, out)["code"] == 0
+    reworded(patches[1], "reworded")
+    assert apply_locked(project, index, out)["code"] == 0  # the first replace: no spare yet
+    return index, patches, out
+
+
 def test_a_re_apply_of_the_locked_upstream_on_the_spare_obtains_no_upstream_and_one_without_verifies_it(
     project, make_patch, upstream_dir, store_env, tmp_path, monkeypatch
 ):
-    index = lock_a_local_release(project, tmp_path)
-    patches = series_of(make_patch, upstream_dir, 2)
-    out = tmp_path / "out"
-    assert apply_locked(project, index, out)["code"] == 0
-    reword(patches[1], "Reworded.")
-    assert apply_locked(project, index, out)["code"] == 0  # the first replace: no spare yet
+    index, patches, out = locked_with_a_spare(project, make_patch, upstream_dir, tmp_path, 2, reword)
     obtained: list[str] = []
     real_obtain = upstream_trees.obtain
     monkeypatch.setattr(upstream_trees, "obtain", lambda *a: (obtained.append("obtain"), real_obtain(*a))[1])
@@ -369,22 +383,10 @@ def test_an_unchanged_re_apply_never_imports_the_apply_engines_heavy_modules(
     assert "unchanged" in done.stdout
 
 
-def reword_description(patch: Path, words: str) -> None:
-    """Reword the patch's DEP-3 Description: its message still ends in its trailer block."""
-    text = patch.read_bytes()
-    assert b"\nDescription: " in text
-    patch.write_bytes(text.replace(b"\nDescription: ", f"\nDescription: ({words}) ".encode(), 1))
-
-
 def test_a_re_apply_on_the_spare_never_imports_gitpython(project, make_patch, upstream_dir, store_env, tmp_path):
     """Reset, clean, the stretch's check and its git am are plain git processes: GitPython's import
     is a third of such a run's time. Without it the run cannot have checked out the upstream."""
-    index = lock_a_local_release(project, tmp_path)
-    patches = series_of(make_patch, upstream_dir, 2)
-    out = tmp_path / "out"
-    assert apply_locked(project, index, out)["code"] == 0
-    reword_description(patches[1], "reworded")
-    assert apply_locked(project, index, out)["code"] == 0  # the first replace: no spare yet
+    index, patches, out = locked_with_a_spare(project, make_patch, upstream_dir, tmp_path, 2, reword_description)
     reword_description(patches[1], "reworded again")
     argv = ["apply-patches", "--project", str(project), "--index-url", index, "-o", str(out)]
     probe = (
@@ -399,12 +401,7 @@ def test_a_re_apply_on_the_spare_never_imports_gitpython(project, make_patch, up
 def test_a_re_apply_on_the_spare_parses_only_the_patches_after_the_ones_it_holds(
     project, make_patch, upstream_dir, store_env, tmp_path, monkeypatch
 ):
-    index = lock_a_local_release(project, tmp_path)
-    patches = series_of(make_patch, upstream_dir, 3)
-    out = tmp_path / "out"
-    assert apply_locked(project, index, out)["code"] == 0
-    reword_description(patches[1], "reworded")
-    assert apply_locked(project, index, out)["code"] == 0  # the first replace: no spare yet
+    index, patches, out = locked_with_a_spare(project, make_patch, upstream_dir, tmp_path, 3, reword_description)
     parsed: list[str] = []
     real_parse = series.parse_mail
     monkeypatch.setattr(series, "parse_mail", lambda raw, name: (parsed.append(name), real_parse(raw, name))[1])

@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, proj: project.Project, target: Path) -> int:
-    from vllm_overlay import apply, apply_record, lock, series, upstream_trees
+    from vllm_overlay import apply, apply_record, lock, series, staging, upstream_trees
     from vllm_overlay.store import Store
 
     # Input errors (lock, series, upstream, an output this tool did not publish) end in cli.main: exit 2.
@@ -112,24 +112,21 @@ def _run(args: argparse.Namespace, proj: project.Project, target: Path) -> int:
     if args.upstream is None and not args.only and not args.rebuild:
         recorded = upstream_trees.imported_locked(the_lock, store)
         mails = series.read_series_bytes(proj.patches, allow_empty=False)
+        digest = apply_record.lock_digest(the_lock)
         unchanged = recorded and apply.unchanged_report(
-            target, apply_record.lock_digest(the_lock), recorded, options, mails, args.wait, output.waiting_for(target)
+            target, digest, recorded, options, mails, args.wait, output.waiting_for(target)
         )
         if unchanged:
             return _report_applied(args, unchanged, [], the_lock, store, unchanged.upstream, target)
         if recorded:
-            spare = upstream_of_spare(target, apply_record.lock_digest(the_lock), recorded)
-            return _build(args, proj, target, the_lock, store, options, spare, mails)
+            # The spare's record, read once: the upstream it was built from, when that is the locked
+            # import (the run may then need no upstream file), and how many patches it holds.
+            spare_record = apply_record.load(staging.spare_path(target))
+            spare = apply_record.upstream_if_imported(spare_record, digest, recorded)
+            held = apply_record.same_prefix(spare_record, mails) if spare and spare_record else 0
+            spare_upstream = upstream_trees.Upstream(**spare) if spare else None
+            return _build(args, proj, target, the_lock, store, options, spare_upstream, mails, held)
     return _build(args, proj, target, the_lock, store, options)
-
-
-def upstream_of_spare(target: Path, lock_sha256: str, recorded: dict[str, object]) -> upstream_trees.Upstream | None:
-    """The upstream ``target``'s spare tree was built from, when it is the locked import (a re-apply
-    after a patch changed may then need no upstream file: see ``_build``)."""
-    from vllm_overlay import apply_record, staging, upstream_trees
-
-    upstream = apply_record.upstream_if_imported(staging.spare_path(target), lock_sha256, recorded)
-    return upstream_trees.Upstream(**upstream) if upstream else None
 
 
 def _build(
@@ -141,6 +138,7 @@ def _build(
     options: apply.Options,
     spare_upstream: upstream_trees.Upstream | None = None,
     mails: list[tuple[str, bytes]] | None = None,
+    parsed_before: int = 0,
 ) -> int:
     """Obtain (and verify) the upstream and apply the series: what every run does that a record cannot answer.
 
@@ -148,16 +146,14 @@ def _build(
     upstream is obtained only if the run checks it out: a re-apply that starts from the spare reads
     no upstream file (the spare holds the verified upstream's commit, as the output does), and
     one that cannot verifies it first, as every build from upstream does. ``mails``: the patch
-    files as already read (``series.read_series_bytes``); the leading ones the spare's record
-    names are parsed only if the run needs them (``series.patches_from_bytes``).
+    files as already read (``series.read_series_bytes``); the first ``parsed_before``, which the
+    spare's record names, are parsed only if the run needs them (``series.patches_from_bytes``).
     """
     from vllm_overlay import apply, apply_record, series, staging, upstream_trees
 
     if mails is None:
         patches = series.select(series.load_series(proj.patches, allow_empty=False), args.only)
     else:
-        spare_record = apply_record.load(staging.spare_path(target)) if spare_upstream else None
-        parsed_before = apply_record.same_prefix(spare_record, mails) if spare_record else 0
         patches = series.select(series.patches_from_bytes(proj.patches, mails, parsed_before), args.only)
     upstream = spare_upstream or upstream_trees.obtain(args.upstream, the_lock, store)
     staging.check_replaceable(target)  # the user's own directory: refused before anything else
