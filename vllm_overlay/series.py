@@ -298,7 +298,6 @@ def parse_patch_bytes(raw: bytes, path: Path, name: str) -> Patch:
 def parse_mail(raw: bytes, name: str) -> ParsedMail:
     """What the git-format-patch file ``name`` (its bytes: ``raw``) says."""
     import email
-    import email.policy
 
     import unidiff
 
@@ -312,7 +311,9 @@ def parse_mail(raw: bytes, name: str) -> ParsedMail:
     if not sep:
         raise SeriesError(f"{name}: no '---' line separating the commit message from the diff")
     message_part = head.split("\n", 1)[1] if head.startswith("From ") else head
-    mail = email.message_from_string(message_part, policy=email.policy.compat32)
+    # email's default policy is compat32 (headers as written, no folding or decoding added): the
+    # email.policy module, which only a non-default policy needs, is not imported.
+    mail = email.message_from_string(message_part)
     subject = re.sub(r"\s+", " ", str(mail.get("Subject", ""))).strip()
     subject = re.sub(r"^\[PATCH[^\]]*\]\s*", "", subject)  # what format-patch adds; git am drops it
     if not subject:
