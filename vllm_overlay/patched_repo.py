@@ -62,12 +62,37 @@ class NoUpstream(InputError, RuntimeError):
 
 
 @overload
-def git(repo: Path | str, *args: str, binary: Literal[False] = False, stdin: bytes | None = None) -> str: ...
+def git(
+    repo: Path | str,
+    *args: str,
+    binary: Literal[False] = False,
+    stdin: bytes | None = None,
+    env: Mapping[str, str] | None = None,
+) -> str: ...
 @overload
-def git(repo: Path | str, *args: str, binary: Literal[True], stdin: bytes | None = None) -> bytes: ...
-def git(repo: Path | str, *args: str, binary: bool = False, stdin: bytes | None = None) -> str | bytes:
-    """``git -C repo ARGS``: its stdout (text unless ``binary``); GitError when it fails."""
-    result = subprocess.run(["git", "-C", str(repo), *args], input=stdin, capture_output=True, check=False)
+def git(
+    repo: Path | str,
+    *args: str,
+    binary: Literal[True],
+    stdin: bytes | None = None,
+    env: Mapping[str, str] | None = None,
+) -> bytes: ...
+def git(
+    repo: Path | str,
+    *args: str,
+    binary: bool = False,
+    stdin: bytes | None = None,
+    env: Mapping[str, str] | None = None,
+) -> str | bytes:
+    """``git -C repo ARGS``: its stdout (text unless ``binary``); GitError when it fails. ``env`` is
+    added to this process's environment."""
+    result = subprocess.run(
+        ["git", "-C", str(repo), *args],
+        input=stdin,
+        capture_output=True,
+        check=False,
+        env={**os.environ, **env} if env else None,
+    )
     if result.returncode != 0:
         raise GitError(Path(repo), args, result.returncode, result.stderr)
     return result.stdout if binary else result.stdout.decode()
