@@ -3,9 +3,10 @@
 """The tool beside the hand way with git, job by job (issue 24): both medians and their ratio.
 
 Each job runs the tool's command and the equivalent plain git commands ALTERNATELY (tool, hand,
-tool, hand, ...) in one run, so both see the same machine load; the figures are medians of wall
-time and of CPU time (the process and every child it waited for: git included). Read the ratios:
-on a shared machine the seconds move with the load, which is printed with each job.
+hand, tool, tool, hand, ...) in one run, so both see the same machine load and the same drift;
+the figures are medians of wall time and of CPU time (the process and every child it waited for:
+git included). Read the ratios: on a shared machine the seconds move with the load, which is
+printed with each job.
 
 Jobs (``--jobs``, default all):
 
@@ -121,12 +122,16 @@ class Bench:
         before_hand: Callable[[], None] = lambda: None,
     ) -> None:
         tool_times, hand_times = [], []
-        for _ in range(self.repeat):
-            before_tool()
-            tool_times.append(tool_run())
+        for round_number in range(self.repeat):
+            # Tool first in even rounds, the hand way first in odd ones: where a run's cost drifts
+            # during the job (on ext4 here, a checkout after trees were created and removed costs
+            # more at each round), neither side is always the later one.
+            sides = [(before_tool, tool_run, tool_times)]
             if hand_run is not None:
-                before_hand()
-                hand_times.append(hand_run())
+                sides.append((before_hand, hand_run, hand_times))
+            for prepare, timed, times in sides if round_number % 2 == 0 else sides[::-1]:
+                prepare()
+                times.append(timed())
         self.rows.append((name, tool_label, hand_label, tool_times, hand_times))
         print(render_row(self.rows[-1]), flush=True)
 
