@@ -10,6 +10,7 @@ never leaves a half-applied tree behind and the next run removes whatever a kill
 from __future__ import annotations
 
 import contextlib
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from vllm_overlay import apply_record, faults, interrupts, paths, staging
 from vllm_overlay.classify import (
+    CHECKING_RE,
     FUZZ_CONTEXT,
     PatchResult,
     Status,
@@ -436,7 +438,7 @@ def _apply_each(
     """Classify (and commit, where accepted) ``patches[start:]`` in order on ``head``, the staging tree's HEAD.
 
     Patches that apply one after another at their recorded lines (or at offsets, where accepted)
-    are decided and committed on a private index (``_commit_stretch``); the first
+    are decided on a private index and committed by one ``git am`` (``_clean_run``); the first
     that does not is classified and committed alone on the tree, exactly as before the run, through
     ``repo`` (opened here where the caller had no need of one).
     """
@@ -445,12 +447,15 @@ def _apply_each(
     results: list[PatchResult] = []
     index = start
     while index < len(patches):
-        stretch = _commit_stretch(area, patches, mails, options, progress, index, head)
-        if stretch:
+        run = _clean_run(area, patches, mails, options, progress, index)
+        if run:
+            commits = commit_run(tree_root, patches[index : index + len(run)], mails[index : index + len(run)], head)
+            for result, commit in zip(run, commits, strict=True):
+                result.commit = commit
             faults.phase("committed")
-            results += stretch
-            index += len(stretch)
-            head = stretch[-1].commit or head
+            results += run
+            index += len(run)
+            head = commits[-1]
             if index == len(patches):
                 break
         # patches[index] ended the run: it is classified (and committed) alone.
@@ -486,71 +491,129 @@ def _refuse_unsafe_paths(patch: Patch, tree_root: Path) -> None:
         raise ApplyError(f"{patch.name}: refused: " + "; ".join(problems))
 
 
-def _commit_stretch(
+def _clean_run(
     area: staging.StagingArea,
     patches: list[Patch],
     mails: list[Path],
     options: Options,
     progress: Callable[[int, int, str], None] | None,
     start: int,
-    head: str,
 ) -> list[PatchResult]:
-    """Classify and commit the patches from ``start`` on that apply, each on the ones before, as accepted
-    clean or offset patches, onto ``head`` (the staging tree's clean HEAD); their results, commits set.
-    Empty when ``patches[start]`` does not apply so.
+    """The results of the patches from ``start`` on that apply, each on the ones before, as accepted
+    clean or offset patches; empty when ``patches[start]`` does not.
 
-    Each is decided and committed on a private index (a copy of HEAD's), the tree untouched until
-    the last one exists, and committed as ``git am`` commits a mail, from git's own parts: the mail
-    with its ``Patch-File`` trailer goes through ``git mailinfo`` (the message, author, date and
-    diff git am reads from it); the diff is applied with ``git apply --cached --verbose``, the same
-    check on the same blobs as ``git apply --check`` on the clean tree after the patches before it,
-    whose verbose output gives the same hunk notes (``applied_cleanly``); ``git write-tree`` and
-    ``git commit-tree`` record it, the message being the subject, a blank line and the body after
-    ``git stripspace``, the committer the author at the author's date (as ``commit_patch`` sets
-    them). Same statuses, notes and commit ids as one patch at a time (tests/tool/test_apply.py),
-    without git am's read, rewrite and refresh of the whole index and tree per patch. One ``git
-    reset --keep`` then moves the branch, the index and the files to the last commit.
-
-    The stretch ends before the first patch that does not apply, is not accepted, has no trailer
-    block (committed alone, with an amend) or no From or Date header (committed alone by git am,
-    as it reads them).
+    They are applied with ``git apply --cached --verbose`` to a private index read from HEAD: the
+    same check, on the same blobs, as ``git apply --check`` on the clean tree after the patches
+    before it were committed, and its verbose output gives the same hunk notes. All the candidates
+    (up to the first patch with no trailer block, which is committed alone, with an amend) are
+    applied by one ``git apply``, which reads mail after mail onto the index the ones before left;
+    where that fails (a patch in the stretch does not apply) they are applied one at a time to find
+    the first that does not. The run ends before the first patch that fails there or is not
+    accepted; the tree and HEAD are not touched.
     """
-    from vllm_overlay import patched_repo
-
-    tree = area.tree
-    index_file = area.root / "stretch-index"
-    shutil.copyfile(tree / ".git" / "index", index_file)
-    index_env = {"GIT_INDEX_FILE": str(index_file)}
-    results: list[PatchResult] = []
+    tree_root = area.tree
+    candidates: list[int] = []
     for index in range(start, len(patches)):
-        patch, mail = patches[index], mails[index]
-        if not patch.trailers or not (patch.author and patch.date):
+        if not patches[index].trailers:
             break
-        _refuse_unsafe_paths(patch, tree)  # a patch never adds a symlink: HEAD's tree decides
-        commit_mail = _mail_with_trailer(tree, patch, mail)
-        body_file, diff_file = mail.with_name(mail.name + ".msg"), mail.with_name(mail.name + ".diff")
-        info = patched_repo.git(tree, "mailinfo", str(body_file), str(diff_file), stdin=commit_mail.read_bytes())
-        fields = dict(line.split(": ", 1) for line in info.splitlines() if ": " in line)
-        if not all(fields.get(key) for key in ("Author", "Email", "Date")):
-            break
-        status, _out, err = patched_repo.run(tree, "apply", "--cached", "--verbose", str(diff_file), env=index_env)
-        if status != 0:
-            break
-        result = applied_cleanly(patch, err)
+        _refuse_unsafe_paths(patches[index], tree_root)  # a patch never adds a symlink: HEAD's tree decides
+        candidates.append(index)
+    if not candidates:
+        return []
+    run_index = area.root / "run-index"
+    # HEAD's tree as an index: the tree's own index is exactly that here (a checkout, a reset or
+    # an am just wrote it), and a copy of it saves a read-tree of every upstream file.
+    shutil.copyfile(tree_root / ".git" / "index", run_index)
+    candidate_mails = [mails[i] for i in candidates]
+    outputs = _apply_cached_together(tree_root, run_index, candidate_mails)
+    if outputs is None:
+        shutil.copyfile(tree_root / ".git" / "index", run_index)
+        outputs = _apply_cached_in_turn(tree_root, run_index, candidate_mails)
+    run: list[PatchResult] = []
+    for index, err in zip(candidates, outputs, strict=False):
+        result = applied_cleanly(patches[index], err)
         result.accepted = options.accepts(result.status)
         if not result.accepted:
             break
         if progress:
-            progress(index + 1, len(patches), patch.name)
-        subject = fields.get("Subject", "").encode()
-        message = patched_repo.git(tree, "stripspace", stdin=subject + b"\n\n" + body_file.read_bytes(), binary=True)
-        tree_id = patched_repo.git(tree, "write-tree", env=index_env).strip()
-        ident = {"NAME": fields["Author"], "EMAIL": fields["Email"], "DATE": fields["Date"]}
-        env = {f"GIT_{who}_{key}": value for who in ("AUTHOR", "COMMITTER") for key, value in ident.items()}
-        result.commit = head = patched_repo.git(
-            tree, "commit-tree", tree_id, "-p", head, stdin=message, env=env
-        ).strip()
-        results.append(result)
-    if results:
-        patched_repo.git(tree, "reset", "--quiet", "--keep", head)
-    return results
+            progress(index + 1, len(patches), patches[index].name)
+        run.append(result)
+    return run
+
+
+APPLIED_RE = re.compile(r"^Applied patch .+ (?:cleanly|with conflicts)\.$")
+
+
+def _apply_cached_together(tree: Path, index_file: Path, mails: list[Path]) -> list[str] | None:
+    """Each mail's part of one ``git apply --cached --verbose`` of all of ``mails`` (None: it failed).
+
+    git checks a mail's files, writes them to the index, then goes on to the next mail, so its
+    verbose output is one section per mail: "Checking patch" lines (with their hunk notes), then
+    "Applied patch" lines. A section count other than the mails' also gives None (read one at a time).
+    """
+    from vllm_overlay import patched_repo
+
+    env = {"GIT_INDEX_FILE": str(index_file)}
+    status, _out, err = patched_repo.run(tree, "apply", "--cached", "--verbose", *map(str, mails), env=env)
+    if status != 0:
+        return None
+    sections: list[list[str]] = []
+    after_applied = True
+    for line in err.splitlines():
+        if CHECKING_RE.match(line) and after_applied:
+            sections.append([])
+        if not sections:
+            return None
+        sections[-1].append(line)
+        after_applied = bool(APPLIED_RE.match(line))
+    return ["\n".join(section) + "\n" for section in sections] if len(sections) == len(mails) else None
+
+
+def _apply_cached_in_turn(tree: Path, index_file: Path, mails: list[Path]) -> list[str]:
+    """The verbose output of each mail that applies in turn, up to the first that does not."""
+    from vllm_overlay import patched_repo
+
+    outputs = []
+    for mail in mails:
+        env = {"GIT_INDEX_FILE": str(index_file)}
+        status, _out, err = patched_repo.run(tree, "apply", "--cached", "--verbose", str(mail), env=env)
+        if status != 0:
+            break
+        outputs.append(err)
+    return outputs
+
+
+def commit_run(tree: Path, patches: list[Patch], mails: list[Path], head: str) -> list[str]:
+    """Commit ``patches`` (each with a trailer block, applying cleanly in turn) onto ``head``, ``tree``'s
+    HEAD, with as few ``git am`` as their committers allow; their commit ids, in order, the same
+    ``commit_patch`` gives.
+
+    Committer = author at the author's date, as ``commit_patch`` sets it: one ``git am
+    --committer-date-is-author-date`` per stretch of patches by one author.
+    """
+    from vllm_overlay import patched_repo
+
+    envs = [_committer_env(tree, mail) for mail in mails]
+    committers = [(env["GIT_COMMITTER_NAME"], env["GIT_COMMITTER_EMAIL"]) for env in envs]
+    commits: list[str] = []
+    first = 0
+    while first < len(patches):
+        last = first + 1
+        while last < len(patches) and committers[last] == committers[first]:
+            last += 1
+        name, email = committers[first]
+        with_trailers = [
+            str(_mail_with_trailer(tree, patch, mail))
+            for patch, mail in zip(patches[first:last], mails[first:last], strict=True)
+        ]
+        am = ["am", "--quiet", "--keep-cr", "--committer-date-is-author-date", *with_trailers]
+        status, _out, err = patched_repo.run(tree, *am, env={"GIT_COMMITTER_NAME": name, "GIT_COMMITTER_EMAIL": email})
+        if status != 0:
+            raise patched_repo.GitError(tree, tuple(am), status, err.encode())
+        made = patched_repo.git(tree, "rev-list", "--reverse", f"{head}..HEAD").split()
+        if len(made) != last - first:
+            raise ApplyError(f"git am made {len(made)} commits for {last - first} patches")
+        commits += made
+        head = made[-1]
+        first = last
+    return commits

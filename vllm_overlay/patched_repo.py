@@ -62,56 +62,34 @@ class NoUpstream(InputError, RuntimeError):
 
 
 @overload
-def git(
-    repo: Path | str,
-    *args: str,
-    binary: Literal[False] = False,
-    stdin: bytes | None = None,
-    env: Mapping[str, str] | None = None,
-) -> str: ...
+def git(repo: Path | str, *args: str, binary: Literal[False] = False, stdin: bytes | None = None) -> str: ...
 @overload
-def git(
-    repo: Path | str,
-    *args: str,
-    binary: Literal[True],
-    stdin: bytes | None = None,
-    env: Mapping[str, str] | None = None,
-) -> bytes: ...
-def git(
-    repo: Path | str,
-    *args: str,
-    binary: bool = False,
-    stdin: bytes | None = None,
-    env: Mapping[str, str] | None = None,
-) -> str | bytes:
-    """``git -C repo ARGS``: its stdout (text unless ``binary``); GitError when it fails. ``env`` is
-    added to this process's environment; ``stdin``, bytes, is git's standard input."""
-    result = _completed(repo, args, stdin, env)
+def git(repo: Path | str, *args: str, binary: Literal[True], stdin: bytes | None = None) -> bytes: ...
+def git(repo: Path | str, *args: str, binary: bool = False, stdin: bytes | None = None) -> str | bytes:
+    """``git -C repo ARGS``: its stdout (text unless ``binary``); GitError when it fails."""
+    result = subprocess.run(["git", "-C", str(repo), *args], input=stdin, capture_output=True, check=False)
     if result.returncode != 0:
         raise GitError(Path(repo), args, result.returncode, result.stderr)
     return result.stdout if binary else result.stdout.decode()
 
 
-def run(repo: Path | str, *args: str, env: Mapping[str, str] | None = None) -> tuple[int, str, str]:
-    """``git -C repo ARGS``, which may fail: its exit status, stdout and stderr (text), stdin empty.
+def run(
+    repo: Path | str, *args: str, env: Mapping[str, str] | None = None, stdin: Path | None = None
+) -> tuple[int, str, str]:
+    """``git -C repo ARGS``, which may fail: its exit status, stdout and stderr (text).
 
-    ``env`` is added to this process's environment. For the steps whose failure is an answer
-    (``git apply`` of a patch that may not apply).
+    ``env`` is added to this process's environment; ``stdin``, a file, is git's standard input.
+    For the steps whose failure is an answer (``git apply`` of a patch that may not apply).
     """
-    done = _completed(repo, args, b"", env)
+    with open(stdin if stdin is not None else os.devnull, "rb") as given:
+        done = subprocess.run(
+            ["git", "-C", str(repo), *args],
+            stdin=given,
+            capture_output=True,
+            check=False,
+            env={**os.environ, **env} if env else None,
+        )
     return done.returncode, done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace")
-
-
-def _completed(
-    repo: Path | str, args: tuple[str, ...], stdin: bytes | None, env: Mapping[str, str] | None
-) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(
-        ["git", "-C", str(repo), *args],
-        input=stdin,
-        capture_output=True,
-        check=False,
-        env={**os.environ, **env} if env else None,
-    )
 
 
 def _dir(repo: gitpython.Repo | Path | str) -> Path:

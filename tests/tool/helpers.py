@@ -164,7 +164,7 @@ class Forked:
 def wait_for(path: Path, process: Forked) -> int:
     deadline = time.monotonic() + 60
     while not path.exists() or not path.read_text().strip():
-        assert process.running(), "the run ended before it reached the git step the stand-in stops at"
+        assert process.running(), "the run ended before it reached git am"
         assert time.monotonic() < deadline
         time.sleep(0.02)
     return int(path.read_text())

@@ -161,9 +161,8 @@ def _cleanup_build(project):
 def test_patches_committed_together_get_the_statuses_notes_and_commits_of_one_at_a_time(
     project, make_patch, upstream_dir, store_env, tmp_path, monkeypatch
 ):
-    """A stretch of patches that apply in turn is decided and committed on a private index, without
-    git am: the report and the commits (ids included, two authors among them) must be those of one
-    patch at a time, which git am commits."""
+    """A stretch of patches that apply in turn is decided on a private index and committed by one
+    ``git am`` per author: the report and the commits must be those of one patch at a time."""
 
     def change(line: int):
         return lambda t: replace_line(t / "vllm" / "core.py", f"line_{line} = {line}\n", f"line_{line} = {line}0\n")
@@ -183,18 +182,11 @@ def test_patches_committed_together_get_the_statuses_notes_and_commits_of_one_at
         ),
     )
     runs: list[int] = []
-    real_stretch = apply._commit_stretch
-
-    def recorded_stretch(*args):
-        stretch = real_stretch(*args)
-        if stretch:
-            runs.append(len(stretch))
-        return stretch
-
-    monkeypatch.setattr(apply, "_commit_stretch", recorded_stretch)
+    real_commit_run = apply.commit_run
+    monkeypatch.setattr(apply, "commit_run", lambda *a: (runs.append(len(a[1])), real_commit_run(*a))[1])
     together = run_apply(project, shifted, "--allow-offset", "--output", str(tmp_path / "together"), base=upstream_dir)
     assert runs == [4, 1]  # 1-4 (two authors), then 7; 5 conflicts and 6 has no trailers: one at a time
-    monkeypatch.setattr(apply, "_commit_stretch", lambda *args: [])
+    monkeypatch.setattr(apply, "_clean_run", lambda *args: [])
     alone = run_apply(project, shifted, "--allow-offset", "--output", str(tmp_path / "alone"), base=upstream_dir)
     assert statuses(together[1]) == ["offset", "offset", "offset", "offset", "conflict", "offset", "offset"]
     assert together[0] == alone[0] == 1
@@ -204,10 +196,11 @@ def test_patches_committed_together_get_the_statuses_notes_and_commits_of_one_at
     assert offsets == [["offset +2"]] * 6
 
 
-def test_each_patch_of_a_stretch_gets_its_own_hunk_notes(project, make_patch, store_env, tmp_path, monkeypatch):
-    """A stretch is checked on a private index, each patch on the ones before; each patch's notes
-    must be those of one patch at a time on the tree (two files, offsets in one and not the other,
-    a clean patch in between)."""
+def test_one_git_apply_of_a_stretch_gives_each_patch_its_own_hunk_notes(
+    project, make_patch, store_env, tmp_path, monkeypatch
+):
+    """The stretch is checked by one ``git apply`` of all its mails; each patch's notes must be the
+    ones of its own mail (two files, offsets in one and not the other, a clean patch in between)."""
     other = "".join(f"other_{i} = {i}\n" for i in range(1, 41))
     upstream = write_upstream(tmp_path / "upstream-two-files", extra={"vllm/other.py": other})
 
@@ -244,8 +237,13 @@ def test_each_patch_of_a_stretch_gets_its_own_hunk_notes(project, make_patch, st
         tmp_path, "shifted-two-files", lambda t: (write_upstream(t, extra={"vllm/other.py": other}), shift(t))
     )
 
+    def not_in_turn(*args):
+        raise AssertionError("the stretch applied together: no patch is checked alone")
+
+    monkeypatch.setattr(apply, "_apply_cached_in_turn", not_in_turn)
     together = run_apply(project, shifted, "--allow-offset", "--output", str(tmp_path / "together"), base=upstream)
-    monkeypatch.setattr(apply, "_commit_stretch", lambda *args: [])
+    monkeypatch.undo()
+    monkeypatch.setattr(apply, "_clean_run", lambda *args: [])
     alone = run_apply(project, shifted, "--allow-offset", "--output", str(tmp_path / "alone"), base=upstream)
     notes = [[str(h["file"]) + " " + h["note"] for h in p["hunks"]] for p in together[1]["patches"]]
     assert notes == [

@@ -2,8 +2,7 @@
 
 The runs that must die or be signalled are real processes (forked, to skip an interpreter's
 start-up; the one that must wait on a lock this process holds is a fresh subprocess). A stand-in
-``git`` (first on PATH) stops at ``git commit-tree ... -p`` (a patch's commit; an upstream's import
-makes a root commit) so a run can be caught while a git child is running.
+``git`` (first on PATH) stops at ``git am`` so a run can be caught while a git child is running.
 """
 
 from __future__ import annotations
@@ -21,8 +20,8 @@ import pytest
 from tests.tool.helpers import REPO_ROOT, Forked, alive, change_line_20, replace_line, run_apply, wait_for
 from vllm_overlay import cli, faults, staging
 
-STOP_AT_COMMIT = """#!/bin/sh
-case " $* " in *" commit-tree "*" -p "*) echo $$ > "{marker}"; exec sleep 30 ;; esac
+STOP_AT_AM = """#!/bin/sh
+case " $* " in *" am --quiet "*) echo $$ > "{marker}"; exec sleep 30 ;; esac
 exec {git} "$@"
 """
 
@@ -67,12 +66,12 @@ def built(project, make_patch, upstream_dir, store_env):
 
 
 @pytest.fixture
-def stop_at_commit(tmp_path) -> tuple[dict[str, str], Path]:
-    bin_dir, marker = tmp_path / "bin", tmp_path / "commit.pid"
+def stop_at_am(tmp_path) -> tuple[dict[str, str], Path]:
+    bin_dir, marker = tmp_path / "bin", tmp_path / "am.pid"
     bin_dir.mkdir()
     wrapper = bin_dir / "git"
     wrapper.write_text(
-        STOP_AT_COMMIT.format(marker=marker, git=subprocess.check_output(["which", "git"], text=True).strip())
+        STOP_AT_AM.format(marker=marker, git=subprocess.check_output(["which", "git"], text=True).strip())
     )
     wrapper.chmod(0o755)
     return {"PATH": f"{bin_dir}:{os.environ['PATH']}", "GIT_PYTHON_GIT_EXECUTABLE": str(wrapper)}, marker
@@ -96,9 +95,9 @@ def test_killed_run_leaves_the_output_whole_and_the_next_run_cleans_up(built, pr
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_interrupted_run_says_one_line_and_ends_its_git(built, project, upstream_dir, stop_at_commit, sig):
+def test_interrupted_run_says_one_line_and_ends_its_git(built, project, upstream_dir, stop_at_am, sig):
     before = snapshot(built)
-    env, marker = stop_at_commit
+    env, marker = stop_at_am
     process = Forked(apply_argv(project, upstream_dir), env=env)
     child = wait_for(marker, process)
     os.kill(process.pid, sig)
@@ -149,8 +148,8 @@ def test_next_run_removes_a_tree_a_killed_publish_retired(built, project, upstre
     assert beside(built) == AFTER_A_REPLACE
 
 
-def test_second_run_never_touches_a_live_run(built, project, upstream_dir, stop_at_commit, capsys):
-    env, marker = stop_at_commit
+def test_second_run_never_touches_a_live_run(built, project, upstream_dir, stop_at_am, capsys):
+    env, marker = stop_at_am
     first = Forked(apply_argv(project, upstream_dir), env=env)
     wait_for(marker, first)
     (area,) = [p for p in built.parent.iterdir() if p.name.startswith(".patched.staging-")]
