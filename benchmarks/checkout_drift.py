@@ -7,8 +7,12 @@ write is most of either side's time, so its cost decides the ratio speed_tool_vs
 This script measures, on the file system holding the scratch directory (``--scratch``, default
 the system's temporary directory):
 
+  clone     ``git clone --no-checkout`` of the tool's upstream cache, hard-linking its objects as
+            the tool's clone does, beside ``--shared``, which borrows them as the hand way's does
+
   create    N empty files made in new directories, beside N hard links to them: the first costs
-            an inode each, the second a directory entry only (CPU of this process, system time)
+            an inode each, the second a directory entry only (CPU of this process); once first,
+            once after the checkout rounds (their last tree just removed)
   checkout  ``git clone --shared --no-checkout`` of the tool's upstream cache, then ``git checkout``
             of the locked upstream, ``--rounds`` times; between rounds the clone is removed, the
             disk synced and ``--pause`` seconds waited. Each round's CPU is printed: where it grows
@@ -86,6 +90,21 @@ def create_and_link(scratch: Path, count: int) -> tuple[float, float]:
     return create, link
 
 
+def clone_costs(scratch: Path) -> tuple[int, float, float]:
+    """The cache's loose objects, and the CPU seconds of a clone that hard-links them (as the tool's
+    does, so the tree it publishes needs no cache) and of one that borrows them (``--shared``)."""
+    objects = store_repo() / "objects"
+    loose = sum(1 for folder in objects.iterdir() if len(folder.name) == 2 for _ in folder.iterdir())
+    costs = []
+    for extra in ([], ["--shared"]):
+        clone = scratch / "clone"
+        before = children_cpu()
+        subprocess.run(["git", "clone", "-q", "--no-checkout", *extra, str(store_repo()), str(clone)], check=True)
+        costs.append(children_cpu() - before)
+        shutil.rmtree(clone)
+    return loose, costs[0], costs[1]
+
+
 def checkout_rounds(scratch: Path, rounds: int, pause: float) -> list[float]:
     tag = upstream_tag(REPO)
     clone = scratch / "clone"
@@ -114,8 +133,15 @@ if __name__ == "__main__":
         scratch = Path(tmp)
         print(f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}; {os.cpu_count()} cores; {scratch}")
         print(f"file system  {journal_of(scratch)}")
-        create, link = create_and_link(scratch, options.files)
         count = options.files
-        print(f"create       {count} empty files: {create:.3f} s CPU; {count} hard links to them: {link:.3f} s CPU")
+
+        def create_line(when: str) -> None:
+            create, link = create_and_link(scratch, count)
+            print(f"create       {when}: {count} empty files {create:.3f} s CPU; as many hard links {link:.3f} s CPU")
+
+        create_line("first")
+        loose, linked, shared = clone_costs(scratch)
+        print(f"clone        {loose} loose objects: hard-linked {linked:.3f} s CPU, --shared {shared:.3f} s CPU")
         costs = checkout_rounds(scratch, options.rounds, options.pause)
         print(f"checkout     first {costs[0]:.3f} s, last {costs[-1]:.3f} s CPU, load average {os.getloadavg()[0]:.2f}")
+        create_line("after the rounds' trees were removed")

@@ -41,6 +41,20 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = REPO / ".venv" / "bin" / "python"
 TOOL = [str(PYTHON if PYTHON.exists() else Path(sys.executable)), "-m", "vllm_overlay.cli"]
+# The tool as ``python -m vllm_overlay.cli`` runs it, which also appends its own process's CPU
+# seconds (Python's part; git is in its children) to the file named by OWN_CPU_VARIABLE.
+OWN_CPU_VARIABLE = "VLLM_OVERLAY_BENCH_OWN_CPU"
+OWN_CPU_WRAPPER = f"""
+import atexit, os, resource, runpy, sys
+def own_cpu():
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    with open(os.environ["{OWN_CPU_VARIABLE}"], "a") as record:
+        record.write(f"{{usage.ru_utime + usage.ru_stime}}\\n")
+atexit.register(own_cpu)
+sys.argv[0] = "vllm_overlay.cli"
+runpy.run_module("vllm_overlay.cli", run_name="__main__", alter_sys=True)
+"""
+TOOL_WITH_OWN_CPU = [TOOL[0], "-c", OWN_CPU_WRAPPER]
 VERBS = (
     "apply-patches",
     "export-patches",
@@ -109,7 +123,17 @@ class Bench:
         self.rows: list[tuple[str, str, str, list[tuple[float, float]], list[tuple[float, float]]]] = []
 
     def tool(self, *args: str) -> list[str]:
-        return [*TOOL, *args, "--project", str(self.project)]
+        return [*TOOL_WITH_OWN_CPU, *args, "--project", str(self.project)]
+
+    def own_cpu_of_last_run(self) -> float | None:
+        """The CPU seconds the last tool run's own process reported (None: it reported none)."""
+        try:
+            lines = OWN_CPU_FILE.read_text().split()
+        except FileNotFoundError:
+            return None
+        finally:
+            OWN_CPU_FILE.unlink(missing_ok=True)
+        return float(lines[-1]) if lines else None
 
     def job(
         self,
@@ -121,7 +145,7 @@ class Bench:
         before_tool: Callable[[], None] = lambda: None,
         before_hand: Callable[[], None] = lambda: None,
     ) -> None:
-        tool_times, hand_times = [], []
+        tool_times, hand_times, own_times = [], [], []
         for round_number in range(self.repeat):
             # Tool first in even rounds, the hand way first in odd ones: where a run's cost drifts
             # during the job (on ext4 here, a checkout after trees were created and removed costs
@@ -131,9 +155,17 @@ class Bench:
                 sides.append((before_hand, hand_run, hand_times))
             for prepare, timed, times in sides if round_number % 2 == 0 else sides[::-1]:
                 prepare()
+                OWN_CPU_FILE.unlink(missing_ok=True)
                 times.append(timed())
+                own = self.own_cpu_of_last_run()
+                if times is tool_times and own is not None:
+                    own_times.append(own)
         self.rows.append((name, tool_label, hand_label, tool_times, hand_times))
         print(render_row(self.rows[-1]), flush=True)
+        if own_times:
+            # What Python itself cost in the tool's runs; the rest of their CPU is git's.
+            print(f"{'':<12} the tool's own process (Python), s CPU: median {median(own_times):.3f};", end=" ")
+            print("runs: " + " ".join(f"{c:.3f}" for c in own_times), flush=True)
 
 
 def median(values: list[float]) -> float:
@@ -277,6 +309,8 @@ ENV = dict(os.environ, **IDENTITY)
 # As installed for use: Python caches the tool's compiled modules (a sandbox may forbid that).
 ENV.pop("PYTHONDONTWRITEBYTECODE", None)
 ENV["PYTHONPATH"] = str(REPO) + (os.pathsep + ENV["PYTHONPATH"] if ENV.get("PYTHONPATH") else "")
+OWN_CPU_FILE = Path(tempfile.gettempdir()) / f"vllm-overlay-bench-own-cpu-{os.getpid()}"
+ENV[OWN_CPU_VARIABLE] = str(OWN_CPU_FILE)
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -289,4 +323,7 @@ if __name__ == "__main__":
     options = parser.parse_args()
     git_version = subprocess.run(["git", "--version"], capture_output=True, text=True).stdout.split()[-1]
     print(f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}; {os.cpu_count()} cores; git {git_version}")
-    run(options.jobs.split(","), options.repeat)
+    try:
+        run(options.jobs.split(","), options.repeat)
+    finally:
+        OWN_CPU_FILE.unlink(missing_ok=True)
