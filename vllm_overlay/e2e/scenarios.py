@@ -256,11 +256,18 @@ def plugin_lines(server: Server, patched: bool, api_metric: bool = False) -> Res
 WORKER_RE = re.compile(r"^\((?:VllmWorker|Worker)[\w-]* pid=(\d+)\)", re.M)
 
 
-def worker_killed(server: Server, timeout: float = 120.0) -> Result:
-    """SIGKILL a worker mid-stream: the stream must fail, /health must turn non-200, nothing may hang.
+def worker_killed(server: Server, timeout: float = 120.0, settle: float = 3.0) -> Result:
+    """SIGKILL a worker while a streamed request is open on it: the stream must fail, /health must
+    turn non-200, nothing may hang.
 
     Destructive: the last scenario on a server. The worker's pid is read from the server's own log
     (vLLM prefixes every worker line with it) and checked to be in the server's process group.
+    The worker is stopped (SIGSTOP) before the request is sent and killed ``settle`` seconds after,
+    the stream still open: the reply cannot finish first. Killed at the stream's first chunk
+    instead, a tiny model's worker could write all of it before the kill landed (the API server
+    starved of CPU on a loaded 2-core machine), and the stream then ended without error, pristine
+    and patched alike. Killed before the request reaches the engine (a machine slower still), the
+    request must fail as well.
     """
     import os
     import signal
@@ -277,18 +284,19 @@ def worker_killed(server: Server, timeout: float = 120.0) -> Result:
     def stream() -> None:
         payload = {**_completion(PROMPTS[1]), "max_tokens": LONG_TOKENS}
         try:
-            chunks, _ = stream_completion(server.url + "/v1/completions", payload, timeout, on_chunk=kill, every=10**9)
+            chunks, _ = stream_completion(server.url + "/v1/completions", payload, timeout)
             outcome["stream"] = f"ended after {len(chunks)} chunk(s) without error"
         except Exception as exc:  # the expected way for it to end
             outcome["stream"] = f"{type(exc).__name__}: {str(exc)[:160]}"
             outcome["stream_failed"] = True
 
-    def kill() -> None:
-        os.kill(victim, signal.SIGKILL)
-        outcome["killed_at"] = time.monotonic()
-
+    os.kill(victim, signal.SIGSTOP)
     thread = threading.Thread(target=stream, daemon=True)
     thread.start()
+    thread.join(settle)
+    open_at_kill = thread.is_alive()
+    os.kill(victim, signal.SIGKILL)
+    killed_at = time.monotonic()
     thread.join(timeout)
     stream_ended = not thread.is_alive()
     health_status = None
@@ -298,12 +306,11 @@ def worker_killed(server: Server, timeout: float = 120.0) -> Result:
         if health_status != 200:
             break
         time.sleep(0.5)
-    killed_at = outcome.get("killed_at")
-    after = f"{time.monotonic() - killed_at:.1f}s after the kill" if isinstance(killed_at, float) else "no kill"
-    ok = stream_ended and bool(outcome.get("stream_failed")) and health_status not in (None, 200)
+    ok = open_at_kill and stream_ended and bool(outcome.get("stream_failed")) and health_status not in (None, 200)
     detail = (
-        f"killed worker {victim}; stream: {outcome.get('stream', 'still open')}; "
-        f"/health {health_status if health_status else 'no answer'} {after}"
+        f"killed worker {victim} (stopped {settle:.0f}s before, the stream {'open' if open_at_kill else 'closed'}); "
+        f"stream: {outcome.get('stream', 'still open')}; "
+        f"/health {health_status if health_status else 'no answer'} {time.monotonic() - killed_at:.1f}s after the kill"
     )
     return Result("worker-sigkill", ok, detail, time.monotonic() - started)
 
