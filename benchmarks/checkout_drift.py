@@ -9,7 +9,6 @@ the system's temporary directory):
 
   clone     ``git clone --no-checkout`` of the tool's upstream cache, hard-linking its objects as
             the tool's clone does, beside ``--shared``, which borrows them as the hand way's does
-
   create    N empty files made in new directories, beside N hard links to them: the first costs
             an inode each, the second a directory entry only (CPU of this process); once first,
             once after the checkout rounds (their last tree just removed)
@@ -34,6 +33,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from speed_tool_vs_git import store_repo, upstream_tag  # this folder: the same cache and tag
@@ -71,23 +71,25 @@ def journal_of(path: Path) -> str:
 def create_and_link(scratch: Path, count: int) -> tuple[float, float]:
     """CPU seconds to create ``count`` empty files (85 per new directory), then as many hard links."""
     made, linked = scratch / "made", scratch / "linked"
-    started = own_cpu()
-    for index in range(count):
-        folder = made / f"d{index // 85}"
-        if index % 85 == 0:
-            folder.mkdir(parents=True)
-        (folder / f"f{index % 85}").touch()
-    create = own_cpu() - started
-    started = own_cpu()
-    for index in range(count):
-        folder = linked / f"d{index // 85}"
-        if index % 85 == 0:
-            folder.mkdir(parents=True)
-        os.link(made / f"d{index // 85}" / f"f{index % 85}", folder / f"f{index % 85}")
-    link = own_cpu() - started
+    names = [Path(f"d{index // 85}", f"f{index % 85}") for index in range(count)]
+
+    def timed_fill(root: Path, make: Callable[[Path, Path], None]) -> float:
+        started = own_cpu()
+        for name in names:
+            if name.name == "f0":
+                (root / name.parent).mkdir(parents=True)
+            make(name, root / name)
+        return own_cpu() - started
+
+    create = timed_fill(made, lambda _name, path: path.touch())
+    link = timed_fill(linked, lambda name, path: os.link(made / name, path))
     shutil.rmtree(made)
     shutil.rmtree(linked)
     return create, link
+
+
+def clone_store(clone: Path, *options: str) -> None:
+    subprocess.run(["git", "clone", "-q", "--no-checkout", *options, str(store_repo()), str(clone)], check=True)
 
 
 def clone_costs(scratch: Path) -> tuple[int, float, float]:
@@ -96,12 +98,11 @@ def clone_costs(scratch: Path) -> tuple[int, float, float]:
     objects = store_repo() / "objects"
     loose = sum(1 for folder in objects.iterdir() if len(folder.name) == 2 for _ in folder.iterdir())
     costs = []
-    for extra in ([], ["--shared"]):
-        clone = scratch / "clone"
+    for options in ((), ("--shared",)):
         before = children_cpu()
-        subprocess.run(["git", "clone", "-q", "--no-checkout", *extra, str(store_repo()), str(clone)], check=True)
+        clone_store(scratch / "clone", *options)
         costs.append(children_cpu() - before)
-        shutil.rmtree(clone)
+        shutil.rmtree(scratch / "clone")
     return loose, costs[0], costs[1]
 
 
@@ -113,7 +114,7 @@ def checkout_rounds(scratch: Path, rounds: int, pause: float) -> list[float]:
         shutil.rmtree(clone, ignore_errors=True)
         os.sync()
         time.sleep(pause)
-        subprocess.run(["git", "clone", "-q", "--shared", "--no-checkout", str(store_repo()), str(clone)], check=True)
+        clone_store(clone, "--shared")
         before = children_cpu()
         subprocess.run(["git", "-C", str(clone), "checkout", "-q", "-B", "patched", tag], check=True)
         costs.append(children_cpu() - before)

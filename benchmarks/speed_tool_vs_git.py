@@ -131,8 +131,6 @@ class Bench:
             lines = OWN_CPU_FILE.read_text().split()
         except FileNotFoundError:
             return None
-        finally:
-            OWN_CPU_FILE.unlink(missing_ok=True)
         return float(lines[-1]) if lines else None
 
     def job(
@@ -155,10 +153,10 @@ class Bench:
                 sides.append((before_hand, hand_run, hand_times))
             for prepare, timed, times in sides if round_number % 2 == 0 else sides[::-1]:
                 prepare()
-                OWN_CPU_FILE.unlink(missing_ok=True)
+                OWN_CPU_FILE.unlink(missing_ok=True)  # what a run reports is this run's alone
                 times.append(timed())
-                own = self.own_cpu_of_last_run()
-                if times is tool_times and own is not None:
+                own = self.own_cpu_of_last_run() if times is tool_times else None
+                if own is not None:
                     own_times.append(own)
         self.rows.append((name, tool_label, hand_label, tool_times, hand_times))
         print(render_row(self.rows[-1]), flush=True)
