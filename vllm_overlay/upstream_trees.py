@@ -301,21 +301,26 @@ def _import_release_archive(store: Store, archive: Path, tag: str, sha256: str) 
     repo = _store_repo(store)
     import tempfile
 
+    git_dir = store.upstreams_git
+    packed_before = objects.packed_objects(git_dir)
     with tempfile.TemporaryDirectory(prefix=UNPACK_PREFIX, dir=store.root) as tmp:
         top = unpack_sdist(archive, Path(tmp))
         refuse_nested_repositories(top, archive.name)
         content = objects.files_digest(top)
         try:
-            commit = objects.import_fresh(store.upstreams_git, top, f"upstream: {archive.name}", IMPORT_IDENTITY)
+            commit = objects.import_fresh(git_dir, top, f"upstream: {archive.name}", IMPORT_IDENTITY)
         except objects.TamperedObject as exc:
             raise SourceError(str(exc)) from None
-    git_dir = store.upstreams_git
     listed = [commit, _rev(repo, f"{commit}^{{tree}}")]
     listed += [oid for _mode, kind, oid, _path in objects.tree_entries(git_dir, commit) if kind != "commit"]
-    if objects.packed_objects(git_dir).intersection(listed):
-        # git reads a packed object before the loose one just written: prove what it will read.
+    if packed_before.intersection(listed):
+        # An older pack names objects of this release too (the import of another release, or one
+        # planted): prove what git reads.
         _rehash_or_refuse(store, tag, commit, content)
     repo.git.tag("--force", tag, commit)
+    # Loose copies of packed objects (a cache of an older version of the tool) are never read; without
+    # them a clone of the store links a few packs instead of thousands of object files.
+    repo.git.prune_packed()
     return objects.ImportRecord(
         sha256=sha256,
         commit=commit,
@@ -331,10 +336,12 @@ def _rev(repo: git.Repo, rev: str) -> str:
 
 
 def _rehash_or_refuse(store: Store, tag: str, commit: str, content: str) -> list[str]:
-    """Read and hash every object of ``commit``; refuse (naming the object) unless it is the sdist's content."""
+    """Read and hash every object of ``commit`` and check every pack whole; refuse (naming the object or
+    the pack) unless it is the sdist's content."""
     repair = f"remove {store.upstreams_git} (the next run imports the verified sdist again)"
     try:
         actual, listed = objects.rehash(store.upstreams_git, commit)
+        objects.verify_packs(store.upstreams_git)
     except objects.TamperedObject as exc:
         raise SourceError(f"the upstream cache's {tag} is not what was imported: {exc}; {repair}") from None
     if actual != content:

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import subprocess
 import tarfile
@@ -15,10 +16,11 @@ import git
 import pytest
 
 from tests.tool.helpers import REPO_ROOT, write_upstream
-from vllm_overlay import lock, upstream_trees
+from vllm_overlay import lock, objects, upstream_trees
 from vllm_overlay.store import Store
 
 VERSION = "9.9.9"
+PLANTED = r"the pack pack-\w+\.pack holds objects other than their names"
 
 
 def _cached_release(tmp_path: Path) -> None:
@@ -36,10 +38,10 @@ def _obtain() -> upstream_trees.Upstream:
     return upstream_trees.obtain(VERSION, lock.load(REPO_ROOT / "upstream.lock"), Store())
 
 
-def _rewrite_loose(oid: str, content: bytes) -> Path:
-    """Rewrite the loose object file ``oid`` with other content under the same name."""
-    path = Store().upstreams_git / "objects" / oid[:2] / oid[2:]
-    path.parent.mkdir(exist_ok=True)
+def _write_loose(objects_dir: Path, oid: str, content: bytes) -> Path:
+    """Write ``content`` as the loose object file named ``oid`` in ``objects_dir`` (git never checks the name)."""
+    path = objects_dir / oid[:2] / oid[2:]
+    path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists():
         path.chmod(0o644)
         path.unlink()
@@ -47,48 +49,129 @@ def _rewrite_loose(oid: str, content: bytes) -> Path:
     return path
 
 
+def _pack(objects_dir: Path, oids: list[str]) -> tuple[Path, Path]:
+    """Pack the loose objects ``oids`` of ``objects_dir`` (and nothing else); return the pack and its index."""
+    (objects_dir / "pack").mkdir(exist_ok=True)
+    name = (
+        subprocess.run(
+            ["git", "--git-dir", str(Store().upstreams_git), "pack-objects", "-q", str(objects_dir / "pack" / "pack")],
+            input="".join(f"{oid}\n" for oid in oids).encode(),
+            env=dict(os.environ, GIT_OBJECT_DIRECTORY=str(objects_dir)),
+            check=True,
+            capture_output=True,
+        )
+        .stdout.decode()
+        .strip()
+    )
+    return objects_dir / "pack" / f"pack-{name}.pack", objects_dir / "pack" / f"pack-{name}.idx"
+
+
+def _import_pack() -> tuple[Path, Path]:
+    (pack,) = (Store().upstreams_git / "objects" / "pack").glob("*.pack")
+    return pack, pack.with_suffix(".idx")
+
+
+def _rewrite_in_pack(tmp_path: Path, oid: str, content: bytes) -> None:
+    """Rewrite the import's pack in place (same file names) with ``content`` under the object name ``oid``."""
+    pack, idx = _import_pack()
+    loose = tmp_path / "unpacked"
+    loose.mkdir()
+    subprocess.run(
+        ["git", "--git-dir", str(Store().upstreams_git), "unpack-objects", "-q"],
+        stdin=pack.open("rb"),
+        env=dict(os.environ, GIT_OBJECT_DIRECTORY=str(loose)),
+        check=True,
+        capture_output=True,
+    )
+    oids = [sub.name + item.name for sub in loose.glob("??") for item in sub.iterdir()]
+    assert oid in oids
+    _write_loose(loose, oid, content)
+    forged_pack, forged_idx = _pack(loose, oids)
+    for forged, original in ((forged_pack, pack), (forged_idx, idx)):
+        original.chmod(0o644)
+        os.replace(forged, original)
+
+
 def _blob(upstream: upstream_trees.Upstream, rel: str) -> str:
     return git.Repo(Store().upstreams_git).git.rev_parse(f"{upstream.commit}:{rel}")
+
+
+def test_an_import_is_one_pack_and_leaves_no_loose_object(tmp_path, store_env):
+    """A clone of the store links a few packs, not one file per object."""
+    _cached_release(tmp_path)
+    upstream = _obtain()
+    objects_dir = Store().upstreams_git / "objects"
+    assert not list(objects_dir.glob("??/*"))
+    pack, idx = _import_pack()
+    assert pack.is_file() and idx.is_file()
+    assert _blob(upstream, "vllm/core.py") in objects.packed_objects(Store().upstreams_git)
+
+
+def test_loose_copies_of_packed_objects_are_removed_at_an_import(tmp_path, store_env):
+    """A cache of the loose-object format: its objects are never read again once packed, and a clone
+    would still link every one of them."""
+    _cached_release(tmp_path)
+    content = (tmp_path / "src" / f"vllm-{VERSION}" / "vllm" / "core.py").read_bytes()
+    oid = hashlib.sha1(b"blob %d\0" % len(content) + content).hexdigest()
+    git.Repo.init(Store().upstreams_git, bare=True)
+    loose = _write_loose(Store().upstreams_git / "objects", oid, content)
+    unrelated = _write_loose(Store().upstreams_git / "objects", "0" * 40, b"")  # not in any pack: kept
+    _obtain()
+    assert not loose.exists()
+    assert unrelated.exists()
 
 
 def test_a_rewritten_blob_is_detected_on_the_next_run(tmp_path, store_env):
     _cached_release(tmp_path)
     first = _obtain()
     oid = _blob(first, "vllm/core.py")
-    _rewrite_loose(oid, b"import os; os.system('injected')\n")
+    _rewrite_in_pack(tmp_path, oid, b"import os; os.system('injected')\n")
     with pytest.raises(upstream_trees.SourceError, match=rf"{oid} \(vllm/core\.py\) holds other content"):
         _obtain()
     with pytest.raises(upstream_trees.SourceError, match="is not what was imported"):
         _obtain()  # and on every run after it, not only once
 
 
+def _plant_pack(tmp_path: Path, oid: str, content: bytes) -> None:
+    """Add a pack to the store holding ``content`` under the object name ``oid`` (and nothing else)."""
+    planted = tmp_path / "planted"
+    _write_loose(planted, oid, content)
+    pack_dir = Store().upstreams_git / "objects" / "pack"
+    pack_dir.mkdir(parents=True, exist_ok=True)
+    for path in _pack(planted, [oid]):
+        shutil.move(path, pack_dir / path.name)
+
+
 def test_a_pack_holding_another_object_of_the_same_name_is_detected(tmp_path, store_env):
-    """git reads a packed object before a loose one: a planted pack is as good as a rewrite."""
+    """Which of two packs naming an object a git process reads depends on that process's earlier
+    reads: a planted pack is refused whether or not the check happened to read its copy."""
     _cached_release(tmp_path)
     first = _obtain()
     oid = _blob(first, "vllm/other.py")
-    objects_dir = Store().upstreams_git / "objects"
-    original = (objects_dir / oid[:2] / oid[2:]).read_bytes()
-    _rewrite_loose(oid, b"other = 'injected'\n")
-    subprocess.run(
-        ["git", "--git-dir", str(Store().upstreams_git), "pack-objects", "-q", str(objects_dir / "pack" / "pack")],
-        input=(oid + "\n").encode(),
-        check=True,
-        capture_output=True,
-    )
-    (objects_dir / oid[:2] / oid[2:]).unlink()
-    (objects_dir / oid[:2] / oid[2:]).write_bytes(original)  # the loose file is intact again
-    with pytest.raises(upstream_trees.SourceError, match=rf"{oid} \(vllm/other\.py\) holds other content"):
+    _plant_pack(tmp_path, oid, b"other = 'injected'\n")
+    with pytest.raises(upstream_trees.SourceError, match=PLANTED):
         _obtain()
 
 
-def test_an_object_planted_before_the_import_is_overwritten(tmp_path, store_env):
-    """git add skips an object it already holds: the import writes every object anew."""
+def test_a_pack_planted_before_the_import_is_refused_at_the_import(tmp_path, store_env):
+    """git skips writing an object it already holds: a pack naming one of the release's objects
+    before the import is proven there."""
     _cached_release(tmp_path)
     content = (tmp_path / "src" / f"vllm-{VERSION}" / "vllm" / "core.py").read_bytes()
     oid = hashlib.sha1(b"blob %d\0" % len(content) + content).hexdigest()
     git.Repo.init(Store().upstreams_git, bare=True)
-    _rewrite_loose(oid, b"injected = True\n")
+    _plant_pack(tmp_path, oid, b"injected = True\n")
+    with pytest.raises(upstream_trees.SourceError, match=PLANTED):
+        _obtain()
+
+
+def test_a_loose_object_planted_before_the_import_is_never_read(tmp_path, store_env):
+    """git add skips an object it already holds: the import writes every object anew, into its pack."""
+    _cached_release(tmp_path)
+    content = (tmp_path / "src" / f"vllm-{VERSION}" / "vllm" / "core.py").read_bytes()
+    oid = hashlib.sha1(b"blob %d\0" % len(content) + content).hexdigest()
+    git.Repo.init(Store().upstreams_git, bare=True)
+    _write_loose(Store().upstreams_git / "objects", oid, b"injected = True\n")
     upstream = _obtain()
     shown = subprocess.run(
         ["git", "--git-dir", str(Store().upstreams_git), "cat-file", "blob", f"{upstream.commit}:vllm/core.py"],
@@ -103,8 +186,7 @@ def test_a_changed_object_file_is_hashed_again_then_the_record_renewed(tmp_path,
     cheap check holds again; the record is renewed."""
     _cached_release(tmp_path)
     first = _obtain()
-    objects_dir = Store().upstreams_git / "objects"
-    for path in list(objects_dir.glob("??/*")):
+    for path in _import_pack():
         data = path.read_bytes()
         path.chmod(0o644)
         path.unlink()
