@@ -14,6 +14,9 @@ Jobs (``--jobs``, default all):
   noop         ``apply-patches`` with nothing changed             vs  ``git status`` of the output
   incremental  ``apply-patches`` after the last patch changed     vs  ``git reset --hard HEAD~1`` + ``git am`` of it
   full         ``apply-patches`` into a new output                vs  ``git clone --shared`` + checkout + ``git am``
+               (the series was applied before: the cache keeps its build)
+  first        the same, the cache's kept builds removed before   vs  the same
+               every tool run (a series never applied)
   export       ``export-patches --check``                         vs  ``git format-patch --stdout`` of the range
   lint         ``lint-patches``                                   vs  (no hand way: absolute figures)
 
@@ -22,6 +25,11 @@ incremental job edits the copy's last patch); the upstream comes from the tool's
 scripts/apply-patches once first). Example::
 
     .venv/bin/python benchmarks/speed_tool_vs_git.py --repeat 5
+
+The full and first jobs remove the last tree before each run. On a file system that reuses freed
+inodes slowly (ext4 without a journal: docs/speed.md) the checkout right after a removal costs
+several times what it costs later; ``--settle SECONDS`` waits that long after each removal, so the
+checkout is measured as on a machine that removed nothing just before.
 """
 
 from __future__ import annotations
@@ -190,7 +198,11 @@ def render_row(row: tuple[str, str, str, list[tuple[float, float]], list[tuple[f
     return text
 
 
-def run(jobs: list[str], repeat: int) -> None:
+def kept_builds_folder() -> Path:
+    return store_repo().parent / "kept-builds"
+
+
+def run(jobs: list[str], repeat: int, settle: float = 0.0) -> None:
     with tempfile.TemporaryDirectory(prefix="vllm-overlay-speed-") as tmp:
         bench = Bench(Path(tmp), repeat)
         project, out = bench.project, bench.out
@@ -213,6 +225,7 @@ def run(jobs: list[str], repeat: int) -> None:
                 # The kernel writes the removal (and the last run's files) back before the next
                 # timed run, instead of billing it to whichever side runs next.
                 os.sync()
+                time.sleep(settle)
 
             return step
 
@@ -291,6 +304,23 @@ def run(jobs: list[str], repeat: int) -> None:
                 before_tool=remove(fresh),
                 before_hand=remove(hand),
             )
+        if "first" in jobs:
+            fresh = bench.scratch / "fresh"
+            forget = remove(fresh)
+
+            def forget_builds() -> None:
+                shutil.rmtree(kept_builds_folder(), ignore_errors=True)  # a cache: always safe to remove
+                forget()
+
+            bench.job(
+                "first",
+                "apply-patches into a new output, no kept build",
+                "git clone --shared + git checkout + git am of the series",
+                lambda: measured(bench.tool("apply-patches", "-o", str(fresh))),
+                hand_full,
+                before_tool=forget_builds,
+                before_hand=remove(hand),
+            )
         if "export" in jobs:
             bench.job(
                 "export",
@@ -315,13 +345,20 @@ if __name__ == "__main__":
     parser.add_argument("--repeat", type=int, default=5, help="runs of each side per job (default 5)")
     parser.add_argument(
         "--jobs",
-        default="startup,noop,incremental,full,export,lint",
-        help="comma-separated jobs (default: all): startup,noop,incremental,full,export,lint",
+        default="startup,noop,incremental,full,first,export,lint",
+        help="comma-separated jobs (default: all): startup,noop,incremental,full,first,export,lint",
+    )
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="wait this long after each removal of a tree (full, first) before the next run (default 0)",
     )
     options = parser.parse_args()
     git_version = subprocess.run(["git", "--version"], capture_output=True, text=True).stdout.split()[-1]
     print(f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}; {os.cpu_count()} cores; git {git_version}")
     try:
-        run(options.jobs.split(","), options.repeat)
+        run(options.jobs.split(","), options.repeat, options.settle)
     finally:
         OWN_CPU_FILE.unlink(missing_ok=True)

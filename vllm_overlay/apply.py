@@ -34,6 +34,8 @@ from vllm_overlay.upstream_trees import Upstream
 if TYPE_CHECKING:  # GitPython is imported where a tree is built: an unchanged re-apply never needs it
     import git
 
+    from vllm_overlay import kept_builds
+
 
 @dataclass(frozen=True)
 class Options:
@@ -200,6 +202,7 @@ def apply_series(
     inputs: apply_record.Inputs | None = None,
     before_replace: Callable[[], None] | None = None,
     reuse: bool = True,
+    kept: kept_builds.KeptBuilds | None = None,
 ) -> Report:
     """Apply ``patches`` onto ``upstream`` into ``output``.
 
@@ -217,7 +220,10 @@ def apply_series(
     output is untouched since answers from that record without rebuilding (``Report.unchanged``).
     ``before_replace`` is called under the output's lock before anything is built to replace it
     (it may raise to refuse: apply-patches checks there that no unexported work would be lost).
-    ``reuse`` off builds from upstream whatever the output holds (the record is still written).
+    ``reuse`` off builds from upstream whatever the output or the cache holds (the record is still
+    written, and the build kept). With ``kept`` (the cache's builds of ``inputs``) a build that
+    neither the output nor its spare serves starts from the kept build sharing the most leading
+    patches, and every build of the whole series is kept there for the next (``kept_builds``).
     """
     output = output.resolve()
     staging.check_replaceable(output)  # before anything is created beside it (OutputNotOurs)
@@ -236,6 +242,7 @@ def apply_series(
             inputs,
             before_replace,
             reuse,
+            kept,
         )
 
 
@@ -285,6 +292,7 @@ def _apply_locked(
     inputs: apply_record.Inputs | None = None,
     before_replace: Callable[[], None] | None = None,
     reuse: bool = True,
+    kept: kept_builds.KeptBuilds | None = None,
 ) -> Report:
     published = False
     area: staging.StagingArea | None = None
@@ -302,11 +310,15 @@ def _apply_locked(
         shared = _spare_prefix(output, inputs, patches) if inputs and reuse else []
         if shared:
             results = _apply_on_spare(area, output, shared, patches, upstream, options, progress, seed_base)
+        if results is None and kept is not None and inputs is not None and reuse:
+            results = _apply_on_kept(area, kept, patches, upstream, options, progress, seed_base)
         if results is None:
             results = _apply_in(area, patches, upstream, checkout, options, progress, seed_base, partial)
         head = None
         if inputs is not None and all(r.accepted for r in results):
             head = apply_record.write(area.tree, inputs, patches, results)  # published with the tree, or not at all
+            if kept is not None:
+                kept.keep(area.tree)
         if publish_partial or all(r.accepted for r in results):
             with interrupts.deferred():  # a signal during publish arrives once ``published`` is true
                 old = staging.publish(area, output, head)
@@ -394,6 +406,32 @@ def _apply_on_spare(
         patched_repo.git(area.tree, "clean", "-ffdxq")  # untracked and ignored files: a build from upstream has none
     except patched_repo.GitError:  # a stale index.lock, a broken repository
         shutil.rmtree(area.tree, ignore_errors=True)
+        return None
+    mails = write_mails(patches, area.mails)
+    faults.phase("checked-out")
+    new = _apply_each(
+        None, area, patches, mails, upstream, options, progress, seed_base, len(shared), shared[-1].commit
+    )
+    return [*shared, *new]
+
+
+def _apply_on_kept(
+    area: staging.StagingArea,
+    kept: kept_builds.KeptBuilds,
+    patches: list[Patch],
+    upstream: Upstream,
+    options: Options,
+    progress: Callable[[int, int, str], None] | None,
+    seed_base: Callable[[], str | None] | None,
+) -> list[PatchResult] | None:
+    """Re-apply only the patches after those the cache's best kept build of this run's inputs holds.
+
+    The staging tree is a clone of the upstream as in a full apply, checked out at the last shared
+    commit (``kept_builds``); the rest is classified and committed as in a full apply. None where
+    no kept build serves (the caller then builds from upstream).
+    """
+    shared = kept.check_out(area.tree, patches)
+    if not shared:
         return None
     mails = write_mails(patches, area.mails)
     faults.phase("checked-out")

@@ -6,8 +6,9 @@ root with its size; ``prune`` removes the environments (and their build logs) wh
 current one, and hidden build directories that no published environment points to (left by an
 interrupted build). The verdict store (``verdicts/``) holds one scope per environment key and
 runner version: the scopes other than the current one go with their environment (and the
-``baselines/`` folder the store replaced). Downloads, the upstream repository and the CI stand-in
-base are listed but never pruned here: they are small or shared across locks.
+``baselines/`` folder the store replaced). Downloads, the upstream repository, the kept builds (at most 12,
+``kept_builds``) and the CI stand-in base are listed but never pruned here: they are small or
+shared across locks.
 """
 
 from __future__ import annotations

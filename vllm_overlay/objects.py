@@ -259,11 +259,13 @@ def import_fresh(repo: Path, tree: Path, message: str, identity: dict[str, str])
     def run(*args: str, stdin: str | None = None) -> str:
         done = subprocess.run(["git", *args], capture_output=True, env=env, text=True, input=stdin)
         if done.returncode != 0:
-            raise TamperedObject(f"git {args[0]} failed importing {tree}: {done.stderr.strip()}")
+            raise TamperedObject(f"git {' '.join(args[:3])} failed importing {tree}: {done.stderr.strip()}")
         return done.stdout.strip()
 
     try:
-        run("add", "--all", "--force", "--", ".", ":(exclude).git")
+        # The loose objects live only until they are packed: written uncompressed (the pack
+        # compresses each once), which takes a quarter of the time on vLLM's 9,000 files.
+        run("-c", "core.looseCompression=0", "add", "--all", "--force", "--", ".", ":(exclude).git")
         tree_id = run("write-tree")
         commit = run("commit-tree", tree_id, "-m", message)
         index.unlink()
@@ -273,10 +275,12 @@ def import_fresh(repo: Path, tree: Path, message: str, identity: dict[str, str])
             for item in sub.iterdir()
         ]
         # One pack without deltas (a delta search would cost the import seconds and every checkout
-        # the deltas' resolution): a clone hard-links two files instead of one per object, and a
-        # checkout reads one mapped file instead of opening 9,000.
+        # the deltas' resolution), at zlib's fastest level: a clone hard-links two files instead of
+        # one per object, and a checkout reads one mapped file instead of opening 9,000.
         (fresh / "pack").mkdir()
         name = run(
+            "-c",
+            "pack.compression=1",
             "pack-objects",
             "--window=0",
             "--depth=0",

@@ -113,11 +113,11 @@ def upstream_tag(label: str) -> str:
     return TAG_PREFIX + label
 
 
-def record_upstream(repo: gitpython.Repo, commit: str, *, partial: bool = False) -> None:
+def record_upstream(repo: gitpython.Repo | Path, commit: str, *, partial: bool = False) -> None:
     """Record ``commit`` as the repository's upstream base (and mark a selection of the series)."""
-    repo.git.config(CONFIG_UPSTREAM, commit)
+    git(_dir(repo), "config", CONFIG_UPSTREAM, commit)
     if partial:
-        repo.git.config(CONFIG_PARTIAL, "true")
+        git(_dir(repo), "config", CONFIG_PARTIAL, "true")
 
 
 def recorded_upstream(repo: gitpython.Repo | Path | str) -> str | None:

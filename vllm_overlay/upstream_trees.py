@@ -24,6 +24,8 @@ from vllm_overlay.store import UNPACK_PREFIX, Store
 # GitPython, packaging, urllib and tarfile are imported by the functions that use them: a run that
 # answers from a tree's record (apply_record) reads only this module's descriptions of an upstream.
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import git
     from packaging.version import Version
 
@@ -590,12 +592,24 @@ def checkout(store: Store, upstream: Upstream, dest: Path) -> git.Repo:
     """
     import git
 
+    clone_at(store, dest, upstream.commit)
+    return git.Repo(dest)
+
+
+def clone_at(store: Store, dest: Path, commit: str, add_objects: Callable[[Path], None] | None = None) -> None:
+    """Clone the store repository into ``dest`` (which must not exist) and check ``commit`` out as
+    the branch ``patched``; ``add_objects`` may first put more objects into the clone's git directory
+    (a kept build's pack: ``kept_builds``)."""
+    from vllm_overlay import patched_repo
+
     if dest.exists():
         raise FileExistsError(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
     # No explicit --local: with it git dies ("Invalid cross-device link") where the cache and the
     # output lie on different file systems; without it a local path still clones locally,
     # hardlinking objects where it can and copying them where it cannot.
-    repo = git.Repo.clone_from(str(store.upstreams_git), str(dest), no_checkout=True)
-    repo.git.checkout("--quiet", "-B", "patched", upstream.commit)
+    patched_repo.git(dest.parent, "clone", "--quiet", "--no-checkout", "--", str(store.upstreams_git), str(dest))
     shutil.rmtree(dest / ".git" / "hooks", ignore_errors=True)
-    return repo
+    if add_objects is not None:
+        add_objects(dest / ".git")
+    patched_repo.git(dest, "checkout", "--quiet", "-B", "patched", commit)

@@ -445,3 +445,31 @@ def lock_a_local_release(project: Path, tmp_path: Path) -> str:
     archive = release_archive(tmp_path / "release", "9.9.9")
     (project / "upstream.lock").write_text(lock_text_for(archive, "9.9.9", "gdeadbeef"))
     return file_index(tmp_path / "index", archive)
+
+
+def change_core_line(line: int, to: int) -> Callable[[Path], None]:
+    """An edit of an upstream tree (``write_upstream``): vllm/core.py's line ``line`` set to ``to``."""
+    return lambda tree: replace_line(tree / "vllm" / "core.py", f"line_{line} = {line}\n", f"line_{line} = {to}\n")
+
+
+def apply_json(project: Path, upstream: Path, output: Path, *extra: str) -> dict:
+    """apply-patches of ``upstream`` into ``output``: its JSON report, with the exit code as ``code``."""
+    report = project / "report.json"
+    where = ["--project", str(project), "--upstream", str(upstream), "-o", str(output)]
+    code = cli.main(["apply-patches", *where, "--json", str(report), *extra])
+    data = json.loads(report.read_text())
+    data["code"] = code
+    return data
+
+
+def stacked_patches(make_patch, upstream: Path, count: int = 3) -> list[Path]:
+    """``count`` stacked patches: patch i sets line 5(i+1) to 100+i."""
+    return [
+        make_patch(upstream, change_core_line(5 * (i + 1), 100 + i), f"core: change line {5 * (i + 1)}")
+        for i in range(count)
+    ]
+
+
+def reword(patch: Path, words: str) -> None:
+    """Add ``words`` to the patch's message (its diff unchanged)."""
+    patch.write_bytes(patch.read_bytes().replace(b"\n---\n", f"\n{words}\n---\n".encode(), 1))

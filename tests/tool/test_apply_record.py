@@ -16,29 +16,11 @@ from pathlib import Path
 
 import git
 
-from tests.tool.helpers import IDENTITY, lock_a_local_release, replace_line
+from tests.tool.helpers import IDENTITY, lock_a_local_release, reword
+from tests.tool.helpers import apply_json as apply
+from tests.tool.helpers import stacked_patches as series_of
 from vllm_overlay import apply as apply_engine
-from vllm_overlay import apply_record, cli, series, upstream_trees
-
-
-def change(line: int, to: int):
-    return lambda tree: replace_line(tree / "vllm" / "core.py", f"line_{line} = {line}\n", f"line_{line} = {to}\n")
-
-
-def apply(project: Path, upstream: Path, output: Path, *extra: str) -> dict:
-    report = project / "report.json"
-    where = ["--project", str(project), "--upstream", str(upstream), "-o", str(output)]
-    code = cli.main(["apply-patches", *where, "--json", str(report), *extra])
-    data = json.loads(report.read_text())
-    data["code"] = code
-    return data
-
-
-def series_of(make_patch, upstream: Path, count: int = 3) -> list[Path]:
-    """``count`` stacked patches: patch i sets line 5(i+1) to 100+i."""
-    return [
-        make_patch(upstream, change(5 * (i + 1), 100 + i), f"core: change line {5 * (i + 1)}") for i in range(count)
-    ]
+from vllm_overlay import apply_record, cli, kept_builds, series, upstream_trees
 
 
 def test_an_unchanged_re_apply_rebuilds_nothing_and_reports_the_recorded_statuses(
@@ -164,10 +146,6 @@ def test_a_refused_patch_after_the_reused_prefix_leaves_the_output_as_it_was(
     assert "line_10 = 101" in (out / "vllm" / "core.py").read_text()
 
 
-def reword(patch: Path, words: str) -> None:
-    patch.write_bytes(patch.read_bytes().replace(b"\n---\n", f"\n{words}\n---\n".encode(), 1))
-
-
 def built(project: Path, make_patch, upstream: Path, tmp_path: Path, count: int) -> tuple[list[Path], Path, Path]:
     """``count`` patches applied into tmp_path/out: the patches, the output and where its spare goes."""
     patches = series_of(make_patch, upstream, count)
@@ -236,6 +214,9 @@ def test_a_spare_of_other_inputs_or_off_its_branch_is_not_used(
     patches, out, spare = built(project, make_patch, upstream_dir, tmp_path, 2)
     reword(patches[1], "Reworded.")
     apply(project, upstream_dir, out)
+    # The spare alone: where it is not used, the build is from upstream (the cache's kept builds,
+    # which would serve it otherwise, are tests/tool/test_kept_builds.py's).
+    monkeypatch.setattr(kept_builds, "best", lambda *args: None)
     checkouts = []
     real_checkout = upstream_trees.checkout
     monkeypatch.setattr(upstream_trees, "checkout", lambda *a: (checkouts.append(True), real_checkout(*a))[1])

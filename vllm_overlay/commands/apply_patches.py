@@ -149,7 +149,7 @@ def _build(
     files as already read (``series.read_series_bytes``); the first ``parsed_before``, which the
     spare's record names, are parsed only if the run needs them (``series.patches_from_bytes``).
     """
-    from vllm_overlay import apply, apply_record, series, staging, upstream_trees
+    from vllm_overlay import apply, apply_record, kept_builds, series, staging, upstream_trees
 
     if mails is None:
         patches = series.select(series.load_series(proj.patches, allow_empty=False), args.only)
@@ -158,14 +158,18 @@ def _build(
     upstream = spare_upstream or upstream_trees.obtain(args.upstream, the_lock, store)
     staging.check_replaceable(target)  # the user's own directory: refused before anything else
 
-    def checkout(dest: Path) -> git.Repo:
+    def verified_upstream() -> upstream_trees.Upstream:
+        """The upstream, verified (a run that started from the spare's record had not yet read it)."""
         verified = upstream_trees.obtain(args.upstream, the_lock, store) if spare_upstream else upstream
         if verified != upstream:
             raise apply.ApplyError(
                 f"the upstream cache's {upstream.tag} changed while this run started ({upstream.commit} was "
                 f"recorded, {verified.commit} verified); run again"
             )
-        return upstream_trees.checkout(store, verified, dest)
+        return verified
+
+    def checkout(dest: Path) -> git.Repo:
+        return upstream_trees.checkout(store, verified_upstream(), dest)
 
     def refuse_lost_work() -> None:
         """Under the output's lock, before it is rebuilt (an unchanged output is never replaced)."""
@@ -181,6 +185,9 @@ def _build(
                 + ". Commit it and run scripts/export-patches first, or pass --discard-unexported to drop it"
             )
 
+    inputs = apply_record.inputs_for(
+        the_lock, upstream, (options.allow_offset, options.allow_fuzz, options.three_way), bool(args.only)
+    )
     output.info(f"applying {len(patches)} patch(es) onto upstream {upstream.label} -> {target}")
     try:
         result = apply.apply_series(
@@ -194,11 +201,10 @@ def _build(
             wait=args.wait,
             on_wait=output.waiting_for(target),
             partial=bool(args.only),
-            inputs=apply_record.inputs_for(
-                the_lock, upstream, (options.allow_offset, options.allow_fuzz, options.three_way), bool(args.only)
-            ),
+            inputs=inputs,
             before_replace=refuse_lost_work,
             reuse=not args.rebuild,
+            kept=kept_builds.KeptBuilds(store, inputs, upstream.commit, verified_upstream),
         )
     except git_failures() as exc:  # not a patch's fault (that is a status): the machine's
         output.error(f"git failed: {git_failure_text(exc)}; {target} unchanged")
