@@ -92,18 +92,20 @@ def clone_store(clone: Path, *options: str) -> None:
     subprocess.run(["git", "clone", "-q", "--no-checkout", *options, str(store_repo()), str(clone)], check=True)
 
 
-def clone_costs(scratch: Path) -> tuple[int, float, float]:
-    """The cache's loose objects, and the CPU seconds of a clone that hard-links them (as the tool's
-    does, so the tree it publishes needs no cache) and of one that borrows them (``--shared``)."""
+def clone_costs(scratch: Path) -> tuple[str, float, float]:
+    """What the cache's object directory holds (loose objects, packs), and the CPU seconds of a clone
+    that hard-links its files (as the tool's does, so the tree it publishes needs no cache) and of
+    one that borrows them (``--shared``)."""
     objects = store_repo() / "objects"
     loose = sum(1 for folder in objects.iterdir() if len(folder.name) == 2 for _ in folder.iterdir())
+    packs = len(list((objects / "pack").glob("*.pack")))
     costs = []
     for options in ((), ("--shared",)):
         before = children_cpu()
         clone_store(scratch / "clone", *options)
         costs.append(children_cpu() - before)
         shutil.rmtree(scratch / "clone")
-    return loose, costs[0], costs[1]
+    return f"{loose} loose objects, {packs} packs", costs[0], costs[1]
 
 
 def checkout_rounds(scratch: Path, rounds: int, pause: float) -> list[float]:
@@ -141,8 +143,8 @@ if __name__ == "__main__":
             print(f"create       {when}: {count} empty files {create:.3f} s CPU; as many hard links {link:.3f} s CPU")
 
         create_line("first")
-        loose, linked, shared = clone_costs(scratch)
-        print(f"clone        {loose} loose objects: hard-linked {linked:.3f} s CPU, --shared {shared:.3f} s CPU")
+        held, linked, shared = clone_costs(scratch)
+        print(f"clone        {held}: hard-linked {linked:.3f} s CPU, --shared {shared:.3f} s CPU")
         costs = checkout_rounds(scratch, options.rounds, options.pause)
         print(f"checkout     first {costs[0]:.3f} s, last {costs[-1]:.3f} s CPU, load average {os.getloadavg()[0]:.2f}")
         create_line("after the rounds' trees were removed")

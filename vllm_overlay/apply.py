@@ -310,6 +310,7 @@ def _apply_locked(
         shared = _spare_prefix(output, inputs, patches) if inputs and reuse else []
         if shared:
             results = _apply_on_spare(area, output, shared, patches, upstream, options, progress, seed_base)
+        on_spare = results is not None
         if results is None and kept is not None and inputs is not None and reuse:
             results = _apply_on_kept(area, kept, patches, upstream, options, progress, seed_base)
         if results is None:
@@ -317,7 +318,9 @@ def _apply_locked(
         head = None
         if inputs is not None and all(r.accepted for r in results):
             head = apply_record.write(area.tree, inputs, patches, results)  # published with the tree, or not at all
-            if kept is not None:
+            if kept is not None and not on_spare:
+                # A build on the spare is not kept: the re-apply loop stays at its few git steps,
+                # and the kept build it started from (or the spare's own) still serves a new output.
                 kept.keep(area.tree)
         if publish_partial or all(r.accepted for r in results):
             with interrupts.deferred():  # a signal during publish arrives once ``published`` is true
@@ -407,6 +410,19 @@ def _apply_on_spare(
     except patched_repo.GitError:  # a stale index.lock, a broken repository
         shutil.rmtree(area.tree, ignore_errors=True)
         return None
+    return _apply_after(area, shared, patches, upstream, options, progress, seed_base)
+
+
+def _apply_after(
+    area: staging.StagingArea,
+    shared: list[PatchResult],
+    patches: list[Patch],
+    upstream: Upstream,
+    options: Options,
+    progress: Callable[[int, int, str], None] | None,
+    seed_base: Callable[[], str | None] | None,
+) -> list[PatchResult]:
+    """Classify and commit the patches after ``shared`` on the staging tree, checked out at its last commit."""
     mails = write_mails(patches, area.mails)
     faults.phase("checked-out")
     new = _apply_each(
@@ -433,12 +449,7 @@ def _apply_on_kept(
     shared = kept.check_out(area.tree, patches)
     if not shared:
         return None
-    mails = write_mails(patches, area.mails)
-    faults.phase("checked-out")
-    new = _apply_each(
-        None, area, patches, mails, upstream, options, progress, seed_base, len(shared), shared[-1].commit
-    )
-    return [*shared, *new]
+    return _apply_after(area, shared, patches, upstream, options, progress, seed_base)
 
 
 def _apply_in(
