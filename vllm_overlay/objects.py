@@ -11,13 +11,15 @@ the sdist's files (path, mode, content) hashed from the unpacked archive, every 
 tree, and a fingerprint of the object files that hold them.
 
 Each run then compares the fingerprint with the files as they are: inode, size and mtime of every
-loose object file of the tree, the pack files and the alternates file (a rewrite writes a new file, or
-the same one at a new mtime). That costs one ``lstat`` per object (about 40 ms for vLLM 0.33.0's
-9,626 objects). Not the ctime: every clone of the store hard-links its object files and every
-removal of a clone unlinks them, and each link count change moves the ctime, so with it nearly
-every run after an apply re-hashed the whole tree (about 36 s). What the ctime alone would catch
-is an in-place rewrite whose writer then set the mtime back: one who can do that can as well
-rewrite the record beside it, which no check kept in the same cache survives.
+loose object file of the tree and of the alternates file (a rewrite writes a new file, or the same
+one at a new mtime), inode and size of every pack file (git writes a pack once, as a new file, and
+moves its mtime whenever it would write an object the pack holds). That costs one ``lstat`` per
+object (about 40 ms for vLLM 0.33.0's 9,626 objects). Not the ctime: every clone of the store
+hard-links its object files and every removal of a clone unlinks them, and each link count change
+moves the ctime, so with it nearly every run after an apply re-hashed the whole tree (about 36 s).
+What the ctime alone would catch is an in-place rewrite whose writer then set the mtime back: one
+who can do that can as well rewrite the record beside it, which no check kept in the same cache
+survives.
 
 Where the fingerprint differs (a ``git gc`` in the cache, a copied cache, a tampered object)
 every object of the tree is read through ``git cat-file`` and hashed again, and the sdist's sha256
@@ -135,13 +137,14 @@ def fingerprint(repo: Path, objects: list[str]) -> str:
     """A digest of the files that hold ``objects``: loose object files, packs, the alternates file."""
     digest = hashlib.sha256()
 
-    def add(path: Path) -> None:
+    def add(path: Path, *, mtime: bool = True) -> None:
         try:
             info = path.lstat()
         except FileNotFoundError:
             digest.update(b"-\0")
             return
-        digest.update(f"{info.st_ino} {info.st_size} {info.st_mtime_ns} {info.st_mode}\0".encode())
+        when = info.st_mtime_ns if mtime else 0
+        digest.update(f"{info.st_ino} {info.st_size} {when} {info.st_mode}\0".encode())
 
     loose = str(repo / "objects")
     for oid in objects:
@@ -153,8 +156,11 @@ def fingerprint(repo: Path, objects: list[str]) -> str:
     pack_dir = repo / "objects" / "pack"
     packs = sorted(pack_dir.iterdir()) if pack_dir.is_dir() else []
     for path in packs:
+        # Not a pack's mtime: git sets it to now ("freshens" the pack) whenever it would write an
+        # object the pack holds, in the cache or in any clone through the hard link, so it moves
+        # without the content. git never rewrites a pack in place: another content is another file.
         digest.update(path.name.encode() + b"\0")
-        add(path)
+        add(path, mtime=False)
     for extra in ("objects/info/alternates", "objects/info/http-alternates", "info/grafts", "shallow"):
         add(repo / extra)
     return digest.hexdigest()

@@ -215,6 +215,29 @@ def test_clones_of_the_store_cost_no_rehash(tmp_path, store_env):
     assert marker.read_text() == before  # nothing hashed again, nothing renewed
 
 
+def test_a_pack_git_freshened_costs_no_rehash(tmp_path, store_env):
+    """git moves a pack's mtime whenever it would write an object the pack holds (in the cache, or in
+    any clone through the hard link): that says nothing of its content and must not make the next
+    run hash every object again."""
+    _cached_release(tmp_path)
+    first = _obtain()
+    marker = Store().downloads / f"vllm-{VERSION}.tar.gz.imported"
+    before = marker.read_text()
+    content = (tmp_path / "src" / f"vllm-{VERSION}" / "vllm" / "core.py").read_bytes()
+    subprocess.run(  # writes an object the pack holds: git freshens the pack instead
+        ["git", "--git-dir", str(Store().upstreams_git), "hash-object", "-w", "--stdin"],
+        input=content,
+        check=True,
+        capture_output=True,
+    )
+    pack, _idx = _import_pack()
+    moved = pack.stat().st_mtime_ns
+    assert not list((Store().upstreams_git / "objects").glob("??/*"))  # no loose copy: the pack was freshened
+    os.utime(pack, ns=(moved + 10**9, moved + 10**9))  # and again, a second later
+    assert _obtain().commit == first.commit
+    assert marker.read_text() == before  # nothing hashed again, nothing renewed
+
+
 def test_a_tag_moved_to_another_commit_is_refused(tmp_path, store_env):
     _cached_release(tmp_path)
     first = _obtain()
