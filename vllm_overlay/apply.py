@@ -312,7 +312,11 @@ def _apply_locked(
             results = _apply_on_spare(area, output, shared, patches, upstream, options, progress, seed_base)
         on_spare = results is not None
         if results is None and kept is not None and inputs is not None and reuse:
-            results = _apply_on_kept(area, kept, patches, upstream, options, progress, seed_base)
+            # The staging tree a clone of the upstream at the last commit the best kept build of these
+            # inputs shares with the run (None: none serves): only the patches after it are applied.
+            kept_shared = kept.check_out(area.tree, patches)
+            if kept_shared:
+                results = _apply_after(area, kept_shared, patches, upstream, options, progress, seed_base)
         if results is None:
             results = _apply_in(area, patches, upstream, checkout, options, progress, seed_base, partial)
         head = None
@@ -429,27 +433,6 @@ def _apply_after(
         None, area, patches, mails, upstream, options, progress, seed_base, len(shared), shared[-1].commit
     )
     return [*shared, *new]
-
-
-def _apply_on_kept(
-    area: staging.StagingArea,
-    kept: kept_builds.KeptBuilds,
-    patches: list[Patch],
-    upstream: Upstream,
-    options: Options,
-    progress: Callable[[int, int, str], None] | None,
-    seed_base: Callable[[], str | None] | None,
-) -> list[PatchResult] | None:
-    """Re-apply only the patches after those the cache's best kept build of this run's inputs holds.
-
-    The staging tree is a clone of the upstream as in a full apply, checked out at the last shared
-    commit (``kept_builds``); the rest is classified and committed as in a full apply. None where
-    no kept build serves (the caller then builds from upstream).
-    """
-    shared = kept.check_out(area.tree, patches)
-    if not shared:
-        return None
-    return _apply_after(area, shared, patches, upstream, options, progress, seed_base)
 
 
 def _apply_in(

@@ -15,7 +15,7 @@ that shares the most leading patches with the run (the patch files compared byte
 the spare's are), clones the upstream as every build does, links the pack into the clone, checks
 the last shared commit out and applies only the patches after it. The upstream is the verified
 import, as always; the pack is used only while its files are the ones written (inode, size and
-mtime, as ``objects.fingerprint`` proves an import), and a git step that cannot use it (an object
+mtime, as ``objects.fingerprint`` proves an import's loose objects), and a git step that cannot use it (an object
 missing) falls back to the build from upstream. A pack never names an upstream object (it holds
 what ``upstream..HEAD`` adds), so it cannot stand in for a verified one.
 
@@ -72,40 +72,6 @@ def _git(*args: str, stdin: str | None = None) -> str:
         ["git", *args], capture_output=True, text=True, input=stdin, check=True, env=gitenv.environment()
     )
     return done.stdout.strip()
-
-
-def keep(store: Store, tree: Path, upstream_commit: str) -> None:
-    """Keep the build in ``tree`` (a staging tree whose apply record was just written) in the cache.
-
-    Best effort: a full disk or a git failure keeps nothing and costs the run nothing else.
-    """
-    record = apply_record.load(tree)
-    if record is None or record.get("partial") or not all(r.accepted for r in apply_record.results_of(record)):
-        return
-    head = str(record["head"])
-    kept = folder(store)
-    if (kept / f"{head}.json").is_file():
-        _touch(kept / f"{head}.json")
-        return
-    work = kept / f".keep-{os.getpid()}"  # a killed run's is removed by the next run of its pid
-    try:
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir(parents=True)
-        name = _git(
-            "-C", str(tree), "pack-objects", "--revs", "--window=0", "--depth=0", "-q", f"{work}/pack",
-            stdin=f"{head}\n^{upstream_commit}\n",
-        )  # fmt: skip
-        pack, index = kept / f"{head}.pack", kept / f"{head}.idx"
-        os.replace(f"{work}/pack-{name}.pack", pack)
-        os.replace(f"{work}/pack-{name}.idx", index)
-        record["kept_pack"] = name
-        record["kept_files"] = _files_stat(pack, index)
-        atomicfile.write_bytes(kept / f"{head}.json", (json.dumps(record, sort_keys=True) + "\n").encode())
-        _prune(store)
-    except (OSError, subprocess.CalledProcessError):
-        pass  # nothing kept: the next build into a new output applies every patch
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def _touch(path: Path) -> None:
@@ -214,4 +180,34 @@ class KeptBuilds:
         return build.shared
 
     def keep(self, tree: Path) -> None:
-        keep(self.store, tree, self.upstream_commit)
+        """Keep the build in ``tree`` (a staging tree whose apply record was just written) in the cache.
+
+        Best effort: a full disk or a git failure keeps nothing and costs the run nothing else.
+        """
+        record = apply_record.load(tree)
+        if record is None or record.get("partial") or not all(r.accepted for r in apply_record.results_of(record)):
+            return
+        head = str(record["head"])
+        kept = folder(self.store)
+        if (kept / f"{head}.json").is_file():
+            _touch(kept / f"{head}.json")
+            return
+        work = kept / f".keep-{os.getpid()}"  # a killed run's is removed by the next run of its pid
+        try:
+            shutil.rmtree(work, ignore_errors=True)
+            work.mkdir(parents=True)
+            name = _git(
+                "-C", str(tree), "pack-objects", "--revs", "--window=0", "--depth=0", "-q", f"{work}/pack",
+                stdin=f"{head}\n^{self.upstream_commit}\n",
+            )  # fmt: skip
+            pack, index = kept / f"{head}.pack", kept / f"{head}.idx"
+            os.replace(f"{work}/pack-{name}.pack", pack)
+            os.replace(f"{work}/pack-{name}.idx", index)
+            record["kept_pack"] = name
+            record["kept_files"] = _files_stat(pack, index)
+            atomicfile.write_bytes(kept / f"{head}.json", (json.dumps(record, sort_keys=True) + "\n").encode())
+            _prune(self.store)
+        except (OSError, subprocess.CalledProcessError):
+            pass  # nothing kept: the next build into a new output applies every patch
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
