@@ -125,7 +125,7 @@ def commit_patch(repo: git.Repo, patch: Patch, mail: Path, status: Status) -> st
         flags.append(f"-C{FUZZ_CONTEXT}")
     if status is Status.MERGED_3WAY:
         flags.append("--3way")
-    with repo.git.custom_environment(**_committer_env(tree, mail)):
+    with repo.git.custom_environment(**_committer_env(patch)):
         if patch.trailers:
             repo.git.am(*flags, str(_mail_with_trailer(tree, patch, mail)))
         else:
@@ -150,16 +150,13 @@ def _mail_with_trailer(tree: Path, patch: Patch, mail: Path) -> Path:
     return with_trailer
 
 
-def _committer_env(tree: Path, mail: Path) -> dict[str, str]:
+def _committer_env(patch: Patch) -> dict[str, str]:
     """Committer = author, at the author's date: the same series gives the same commit ids."""
-    from vllm_overlay import patched_repo
-
-    author = patched_repo.git(tree, "mailinfo", "/dev/null", "/dev/null", stdin=mail.read_bytes())
-    fields = dict(line.split(": ", 1) for line in author.splitlines() if ": " in line)
+    parsed = patch.parsed()
     return {
-        "GIT_COMMITTER_NAME": fields.get("Author", "vllm-overlay"),
-        "GIT_COMMITTER_EMAIL": fields.get("Email", "vllm-overlay@invalid"),
-        "GIT_COMMITTER_DATE": fields.get("Date", "2000-01-01T00:00:00+0000"),
+        "GIT_COMMITTER_NAME": parsed.author_name or "vllm-overlay",
+        "GIT_COMMITTER_EMAIL": parsed.author_email or "vllm-overlay@invalid",
+        "GIT_COMMITTER_DATE": parsed.date or "2000-01-01T00:00:00+0000",
     }
 
 
@@ -540,7 +537,8 @@ def _clean_run(
     (up to the first patch with no trailer block, which is committed alone, with an amend) are
     applied by one ``git apply``, which reads mail after mail onto the index the ones before left;
     where that fails (a patch in the stretch does not apply) they are applied one at a time to find
-    the first that does not. The run ends before the first patch that fails there or is not
+    the first that does not. A stretch of one patch is checked on the tree itself
+    (``_check_on_tree``). The run ends before the first patch that fails there or is not
     accepted; the tree and HEAD are not touched.
     """
     tree_root = area.tree
@@ -552,15 +550,18 @@ def _clean_run(
         candidates.append(index)
     if not candidates:
         return []
-    run_index = area.root / "run-index"
-    # HEAD's tree as an index: the tree's own index is exactly that here (a checkout, a reset or
-    # an am just wrote it), and a copy of it saves a read-tree of every upstream file.
-    shutil.copyfile(tree_root / ".git" / "index", run_index)
     candidate_mails = [mails[i] for i in candidates]
-    outputs = _apply_cached_together(tree_root, run_index, candidate_mails)
-    if outputs is None:
+    if len(candidates) == 1:
+        outputs = _check_on_tree(tree_root, candidate_mails[0])
+    else:
+        run_index = area.root / "run-index"
+        # HEAD's tree as an index: the tree's own index is exactly that here (a checkout, a reset or
+        # an am just wrote it), and a copy of it saves a read-tree of every upstream file.
         shutil.copyfile(tree_root / ".git" / "index", run_index)
-        outputs = _apply_cached_in_turn(tree_root, run_index, candidate_mails)
+        outputs = _apply_cached_together(tree_root, run_index, candidate_mails)
+        if outputs is None:
+            shutil.copyfile(tree_root / ".git" / "index", run_index)
+            outputs = _apply_cached_in_turn(tree_root, run_index, candidate_mails)
     run: list[PatchResult] = []
     for index, err in zip(candidates, outputs, strict=False):
         result = applied_cleanly(patches[index], err)
@@ -601,6 +602,21 @@ def _apply_cached_together(tree: Path, index_file: Path, mails: list[Path]) -> l
     return ["\n".join(section) + "\n" for section in sections] if len(sections) == len(mails) else None
 
 
+def _check_on_tree(tree: Path, mail: Path) -> list[str]:
+    """The verbose output of ``git apply --check`` of one mail on the tree (empty: it does not apply).
+
+    The stretch's only patch needs no private index: the tree holds exactly HEAD here (a checkout,
+    a reset with clean, or an am just wrote it), and the check reads only the files the mail
+    touches, where a copied index is read and written whole (about 7 ms of 10 on 8,500 files).
+    It is the check a patch classified alone gets (``classify.apply_check``), so the hunk notes
+    are the same. The common re-apply, after the last patch was edited, takes this path.
+    """
+    from vllm_overlay import patched_repo
+
+    status, _out, err = patched_repo.run(tree, "apply", "--check", "--verbose", str(mail))
+    return [err] if status == 0 else []
+
+
 def _apply_cached_in_turn(tree: Path, index_file: Path, mails: list[Path]) -> list[str]:
     """The verbose output of each mail that applies in turn, up to the first that does not."""
     from vllm_overlay import patched_repo
@@ -625,7 +641,7 @@ def commit_run(tree: Path, patches: list[Patch], mails: list[Path], head: str) -
     """
     from vllm_overlay import patched_repo
 
-    envs = [_committer_env(tree, mail) for mail in mails]
+    envs = [_committer_env(patch) for patch in patches]
     committers = [(env["GIT_COMMITTER_NAME"], env["GIT_COMMITTER_EMAIL"]) for env in envs]
     commits: list[str] = []
     first = 0

@@ -97,8 +97,9 @@ def _prune(store: Store) -> None:
                 _remove(record)
 
 
-def best(store: Store, inputs: apply_record.Inputs, patches: list[Patch]) -> KeptBuild | None:
-    """The kept build of ``inputs`` that holds the most leading ``patches`` (None: none holds any).
+def best(store: Store, inputs: apply_record.Inputs, patches: list[Patch] | list[tuple[str, bytes]]) -> KeptBuild | None:
+    """The kept build of ``inputs`` that holds the most leading ``patches`` (None: none holds any;
+    ``patches``: parsed, or name and bytes as ``series.read_series_bytes`` reads them).
 
     A build whose pack files are not the ones written is removed, never used.
     """
@@ -127,6 +128,12 @@ def best(store: Store, inputs: apply_record.Inputs, patches: list[Patch]) -> Kep
         if all(r.accepted and r.commit for r in shared):
             found = KeptBuild(path, str(record.get("kept_pack")), shared)
     return found
+
+
+def held(store: Store, inputs: apply_record.Inputs, mails: list[tuple[str, bytes]]) -> int:
+    """How many leading patches (``mails``: name and bytes) the best kept build of ``inputs`` holds."""
+    build = best(store, inputs, mails)
+    return len(build.shared) if build else 0
 
 
 def link_into(build: KeptBuild, git_dir: Path) -> None:

@@ -7,6 +7,7 @@ Upstream-Tests, Targets); git itself parses that block. The diff is parsed with 
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from collections import Counter
@@ -56,10 +57,15 @@ class ParsedMail:
     """What a patch file says, as this tool reads it (``parse_patch_bytes``)."""
 
     subject: str
-    author: str
+    author_name: str  # the author as git am commits it (git mailinfo reads the headers)
+    author_email: str
     date: str
     message: str  # subject line + body, as the commit message
     diff: unidiff.PatchSet
+
+    @property
+    def author(self) -> str:
+        return f"{self.author_name} <{self.author_email}>"
 
 
 @dataclass
@@ -296,31 +302,33 @@ def parse_patch_bytes(raw: bytes, path: Path, name: str) -> Patch:
 
 
 def parse_mail(raw: bytes, name: str) -> ParsedMail:
-    """What the git-format-patch file ``name`` (its bytes: ``raw``) says."""
-    import email
+    """What the git-format-patch file ``name`` (its bytes: ``raw``) says.
 
+    The headers are read by ``git mailinfo``, the parser ``git am`` runs (folded lines joined,
+    encoded words decoded), with ``-b``: only the ``[PATCH ...]`` prefix leaves the subject, so
+    lint still sees a bracket git am would strip. The body is the text between the header block
+    and the ``---`` line, as written (``message_problem`` checks it is what git am commits).
+    """
     import unidiff
 
     if not raw.strip():
         raise SeriesError(f"patch is empty: {name}")
+    mail = as_git_am_reads(raw)
     try:
-        text = as_git_am_reads(raw).decode("utf-8")
+        text = mail.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise SeriesError(f"{name}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
     head, sep, _ = text.partition("\n---\n")
     if not sep:
         raise SeriesError(f"{name}: no '---' line separating the commit message from the diff")
     message_part = head.split("\n", 1)[1] if head.startswith("From ") else head
-    # email's default policy is compat32 (headers as written, no folding or decoding added): the
-    # email.policy module, which only a non-default policy needs, is not imported.
-    mail = email.message_from_string(message_part)
-    subject = re.sub(r"\s+", " ", str(mail.get("Subject", ""))).strip()
-    subject = re.sub(r"^\[PATCH[^\]]*\]\s*", "", subject)  # what format-patch adds; git am drops it
+    header_block, _, body = message_part.partition("\n\n")
+    if any(line.lower().startswith("content-type: multipart/") for line in header_block.split("\n")):
+        raise SeriesError(f"{name}: multipart message; expected a plain git-format-patch file")
+    headers = mail_headers(mail)
+    subject = headers.get("Subject", "")
     if not subject:
         raise SeriesError(f"{name}: no Subject header (is it a git-format-patch file?)")
-    body = mail.get_payload()
-    if not isinstance(body, str):
-        raise SeriesError(f"{name}: multipart message; expected a plain git-format-patch file")
     problem = message_problem(body)
     if problem:
         raise SeriesError(f"{name}: {problem}")
@@ -333,11 +341,25 @@ def parse_mail(raw: bytes, name: str) -> ParsedMail:
         raise SeriesError(f"{name}: contains no diff")
     return ParsedMail(
         subject=subject,
-        author=str(mail.get("From", "")),
-        date=str(mail.get("Date", "")),
+        author_name=headers.get("Author", ""),
+        author_email=headers.get("Email", ""),
+        date=headers.get("Date", ""),
         message=message,
         diff=diff,
     )
+
+
+def mail_headers(mail: bytes) -> dict[str, str]:
+    """Author, Email, Subject and Date of a mail as ``git mailinfo -b`` reads them (absent: not given)."""
+    result = subprocess.run(
+        ["git", "mailinfo", "-b", os.devnull, os.devnull], input=mail, capture_output=True, check=True
+    )
+    fields: dict[str, str] = {}
+    for line in result.stdout.decode("utf-8", errors="replace").split("\n"):
+        key, sep, value = line.partition(": ")
+        if sep and value.strip():
+            fields[key] = value.strip()
+    return fields
 
 
 def load_patch(patches_dir: Path, name: str) -> Patch:

@@ -10,7 +10,7 @@ import git
 import pytest
 
 from tests.tool.helpers import change_line_20, replace_line, run_apply, statuses, write_upstream
-from vllm_overlay import apply, cli
+from vllm_overlay import apply, cli, series
 
 
 def variant(tmp_path: Path, name: str, edit) -> Path:
@@ -255,3 +255,21 @@ def test_one_git_apply_of_a_stretch_gives_each_patch_its_own_hunk_notes(
     assert statuses(together[1]) == ["offset", "offset", "clean", "offset"]
     assert together[0] == alone[0] == 0
     assert together[1]["patches"] == alone[1]["patches"]
+
+
+def test_headers_are_read_as_git_am_reads_them(project, make_patch, upstream_dir, store_env):
+    """An encoded author name and a folded subject: the report, the author and the committer of the
+    commit all say what git am read (git mailinfo decodes and unfolds; the mail's bytes do not)."""
+    path = make_patch(upstream_dir, change_line_20, "core: change line 20")
+    text = path.read_text()
+    text = re.sub(r"^From: .*$", "From: =?UTF-8?q?J=C3=B6rg=20Test?= <jt@example.invalid>", text, count=1, flags=re.M)
+    text = text.replace("Subject: [PATCH] core: change line 20", "Subject: [PATCH] core: change\n line 20", 1)
+    path.write_text(text)
+    (patch,) = series.load_series(project / "patches")
+    assert (patch.subject, patch.author) == ("core: change line 20", "Jörg Test <jt@example.invalid>")
+    code, report = run_apply(project, upstream_dir)
+    assert code == 0 and report["patches"][0]["subject"] == "core: change line 20"
+    commit = git.Repo(project / "build" / "patched").head.commit
+    assert commit.summary == "core: change line 20"
+    assert commit.author.name == commit.committer.name == "Jörg Test"
+    assert commit.committed_datetime == commit.authored_datetime

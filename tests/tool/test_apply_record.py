@@ -379,6 +379,23 @@ def test_a_re_apply_on_the_spare_never_imports_gitpython(project, make_patch, up
     assert "(reworded again)" in git.Repo(out).git.log("-1", "--format=%B")
 
 
+def test_a_build_into_a_new_output_that_a_kept_build_serves_parses_no_patch(
+    project, make_patch, upstream_dir, store_env, tmp_path, monkeypatch
+):
+    index = lock_a_local_release(project, tmp_path)
+    series_of(make_patch, upstream_dir, 3)
+    first = apply_locked(project, index, tmp_path / "first")
+    assert first["code"] == 0
+    parsed: list[str] = []
+    real_parse = series.parse_mail
+    monkeypatch.setattr(series, "parse_mail", lambda raw, name: (parsed.append(name), real_parse(raw, name))[1])
+    second = apply_locked(project, index, tmp_path / "second")
+    assert second["code"] == 0 and parsed == []
+    assert second["patches"] == first["patches"]  # the kept build's results, subjects included
+    third = apply_locked(project, index, tmp_path / "third", "--rebuild")
+    assert third["code"] == 0 and parsed == [p["name"] for p in first["patches"]]  # --rebuild parses all
+
+
 def test_a_re_apply_on_the_spare_parses_only_the_patches_after_the_ones_it_holds(
     project, make_patch, upstream_dir, store_env, tmp_path, monkeypatch
 ):

@@ -147,16 +147,23 @@ def _build(
     no upstream file (the spare holds the verified upstream's commit, as the output does), and
     one that cannot verifies it first, as every build from upstream does. ``mails``: the patch
     files as already read (``series.read_series_bytes``); the first ``parsed_before``, which the
-    spare's record names, are parsed only if the run needs them (``series.patches_from_bytes``).
+    spare's record names (or more, where a kept build of the run's inputs records more), are parsed
+    only if the run needs them (``series.patches_from_bytes``).
     """
     from vllm_overlay import apply, apply_record, kept_builds, series, staging, upstream_trees
 
-    if mails is None:
-        patches = series.select(series.load_series(proj.patches, allow_empty=False), args.only)
-    else:
-        patches = series.select(series.patches_from_bytes(proj.patches, mails, parsed_before), args.only)
+    parsed = series.load_series(proj.patches, allow_empty=False) if mails is None else []
     upstream = spare_upstream or upstream_trees.obtain(args.upstream, the_lock, store)
     staging.check_replaceable(target)  # the user's own directory: refused before anything else
+    inputs = apply_record.inputs_for(
+        the_lock, upstream, (options.allow_offset, options.allow_fuzz, options.three_way), bool(args.only)
+    )
+    if mails is not None:
+        # The patches a kept build of these inputs records were parsed by this engine too: a build
+        # into a new output that a kept build serves parses none of them.
+        kept_before = 0 if args.rebuild else kept_builds.held(store, inputs, mails)
+        parsed = series.patches_from_bytes(proj.patches, mails, max(parsed_before, kept_before))
+    patches = series.select(parsed, args.only)
 
     def verified_upstream() -> upstream_trees.Upstream:
         """The upstream, verified (a run that started from the spare's record had not yet read it)."""
@@ -185,9 +192,6 @@ def _build(
                 + ". Commit it and run scripts/export-patches first, or pass --discard-unexported to drop it"
             )
 
-    inputs = apply_record.inputs_for(
-        the_lock, upstream, (options.allow_offset, options.allow_fuzz, options.three_way), bool(args.only)
-    )
     output.info(f"applying {len(patches)} patch(es) onto upstream {upstream.label} -> {target}")
     try:
         result = apply.apply_series(
