@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import re
 import shutil
+import threading  # loaded with subprocess anyway
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -293,20 +294,29 @@ def _apply_locked(
 ) -> Report:
     published = False
     area: staging.StagingArea | None = None
+    check: _OutputCheck | None = None
     try:
         faults.phase("locked")
         staging.check_replaceable(output)  # again under the lock: another process may have written it
         staging.remove_leftovers(output)
-        reusable, recorded = _reusable_prefix(output, inputs, patches) if inputs and reuse else ([], 0)
-        if reusable and len(reusable) == len(patches) == recorded:
-            return Report(upstream, str(output), reusable, published=True, unchanged=True)
-        if not reusable and before_replace is not None:
-            before_replace()  # an untouched output (reusable) holds no work that is not in patches/
-        area = staging.create_staging(output)
-        results = None
+        check = _OutputCheck(output, inputs, patches) if inputs and reuse else None
+        if check and check.holds_all(patches) and check.reusable():
+            return Report(upstream, str(output), check.results, published=True, unchanged=True)
         shared = _spare_prefix(output, inputs, patches) if inputs and reuse else []
-        if shared:
-            results = _apply_on_spare(area, output, shared, patches, upstream, options, progress, seed_base)
+        if check and shared:
+            check.start()  # the output's git status runs while the spare is reset (another core)
+        area = staging.create_staging(output)
+        spare_ready = bool(shared) and _reset_spare(area, output, shared)
+        if not (check and check.reusable()) and before_replace is not None:
+            try:
+                before_replace()  # an untouched output holds no work that is not in patches/
+            except BaseException:
+                if spare_ready:  # a refusal changes nothing: the spare, reset to a commit it holds, stays
+                    staging.keep_spare(area.tree, output)
+                raise
+        results = None
+        if spare_ready:
+            results = _apply_after(area, shared, patches, upstream, options, progress, seed_base)
         on_spare = results is not None
         if results is None and kept is not None and inputs is not None and reuse:
             # The staging tree a clone of the upstream at the last commit the best kept build of these
@@ -338,6 +348,8 @@ def _apply_locked(
         interrupts.end_child_processes()
         raise Interrupted(output, published) from None
     finally:
+        if check is not None:
+            check.close()
         if area is not None:
             # A second Ctrl-C cuts only this tidy-up short (the next run finishes it); what was
             # published or interrupted is already decided.
@@ -345,30 +357,69 @@ def _apply_locked(
                 area.remove()
 
 
-def _reusable_prefix(output: Path, inputs: apply_record.Inputs, patches: list[Patch]) -> tuple[list[PatchResult], int]:
-    """The recorded results of the leading patches ``output`` already holds, built from the same inputs
-    and untouched since it was published (empty: nothing can be reused), and how many patches the
-    output holds in all. All of them: the run rebuilds nothing; any: the output holds no work of
-    the user's (the run replaces it without asking ``before_replace``)."""
-    if not output.is_dir():
-        return [], 0
-    record = apply_record.load(output)
-    if record is None or not apply_record.same_inputs(record, inputs):
-        return [], 0
-    count = apply_record.same_prefix(record, patches)
-    if count == 0 or not apply_record.untouched(output, record, staging.published_head(output)):
-        return [], 0
-    results = apply_record.results_of(record)[:count]
-    if not all(r.accepted and r.commit for r in results):
-        return [], 0
-    return results, len(record["patches"])
+class _OutputCheck:
+    """Whether ``output`` is untouched since this tool published it, and the recorded results of the
+    leading patches it holds (built from the run's inputs).
+
+    The record is read at once; the ``git status`` that proves the tree untouched runs on first
+    need (``reusable``) or, once ``start`` is called, in a thread of its own, so that a re-apply
+    on the spare resets the spare while git reads the output (two trees, two cores). Nothing is
+    built, published or refused before the answer is in: ``reusable`` waits for it.
+    """
+
+    def __init__(self, output: Path, inputs: apply_record.Inputs, patches: list[Patch]) -> None:
+        self.output = output
+        self.record = apply_record.load(output) if output.is_dir() else None
+        self.results: list[PatchResult] = []
+        self.recorded = 0
+        self._answer: bool | None = None
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        if self.record is None or not apply_record.same_inputs(self.record, inputs):
+            return
+        count = apply_record.same_prefix(self.record, patches)
+        results = apply_record.results_of(self.record)[:count]
+        if count and all(r.accepted and r.commit for r in results):
+            self.results, self.recorded = results, len(self.record["patches"])
+
+    def holds_all(self, patches: list[Patch]) -> bool:
+        """The record says the output holds exactly ``patches`` (the run rebuilds nothing if it is untouched)."""
+        return bool(self.results) and len(self.results) == len(patches) == self.recorded
+
+    def start(self) -> None:
+        if self.results and self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="output-status", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._answer = apply_record.untouched(self.output, self.record, staging.published_head(self.output))
+        except BaseException as exc:  # handed to the thread that waits (reusable)
+            self._error = exc
+
+    def reusable(self) -> bool:
+        """True when the output holds ``results`` untouched (then it holds no work of the user's)."""
+        if not self.results:
+            return False
+        if self._thread is not None:
+            self._thread.join()
+        elif self._answer is None and self._error is None:
+            self._run()  # here, once
+        if self._error is not None:
+            raise self._error
+        return bool(self._answer)
+
+    def close(self) -> None:
+        """Wait for a status still running (an interrupt ended its git process already)."""
+        if self._thread is not None:
+            self._thread.join(timeout=5)
 
 
 def _spare_prefix(output: Path, inputs: apply_record.Inputs, patches: list[Patch]) -> list[PatchResult]:
     """The recorded results of the leading patches ``output``'s spare holds (empty: none, or a spare
     of other inputs, or one whose HEAD is off the tool's branch).
 
-    Its working tree needs no check: ``_apply_on_spare`` resets it with ``git reset --hard``, which
+    Its working tree needs no check: ``_reset_spare`` resets it with ``git reset --hard``, which
     rewrites every tracked file that differs (git's own stat check, ctime included, as ``git
     status`` makes it), and ``git clean -ffdx``, which removes everything else; commits made in it
     are left behind by the reset. What it holds afterwards is the last shared patch's commit.
@@ -382,36 +433,25 @@ def _spare_prefix(output: Path, inputs: apply_record.Inputs, patches: list[Patch
     return results if all(r.accepted and r.commit for r in results) else []
 
 
-def _apply_on_spare(
-    area: staging.StagingArea,
-    output: Path,
-    shared: list[PatchResult],
-    patches: list[Patch],
-    upstream: Upstream,
-    options: Options,
-    progress: Callable[[int, int, str], None] | None,
-    seed_base: Callable[[], str | None] | None,
-) -> list[PatchResult] | None:
-    """Re-apply only the patches after ``shared`` (the leading ones ``output``'s spare holds as recorded).
-
-    The spare becomes the staging tree, reset to the last shared patch's commit (only the files
-    the later patches touched are rewritten); the rest is classified and committed as in a full
-    apply, and the result replaces ``output`` in one step as always. Commit ids are a full
-    apply's: each depends only on the upstream, the patches before it and its own mail. None where
-    git cannot reset the spare (the caller then builds from upstream; the spare is gone). Plain
-    git processes: GitPython is imported only if a patch needs more than a clean stretch.
+def _reset_spare(area: staging.StagingArea, output: Path, shared: list[PatchResult]) -> bool:
+    """Make ``output``'s spare the staging tree, reset to the last shared patch's commit (only the
+    files the later patches touched are rewritten); ``_apply_after`` then re-applies the rest, and
+    the result replaces ``output`` in one step as always. Commit ids are a full apply's: each
+    depends only on the upstream, the patches before it and its own mail. False where there is no
+    spare or git cannot reset it (the caller then builds otherwise; the spare is gone). Plain git
+    processes: GitPython is imported only if a patch needs more than a clean stretch.
     """
     from vllm_overlay import patched_repo
 
     if not staging.take_spare(area, output):
-        return None
+        return False
     try:
         patched_repo.git(area.tree, "reset", "--hard", "--quiet", shared[-1].commit)
         patched_repo.git(area.tree, "clean", "-ffdxq")  # untracked and ignored files: a build from upstream has none
     except patched_repo.GitError:  # a stale index.lock, a broken repository
         shutil.rmtree(area.tree, ignore_errors=True)
-        return None
-    return _apply_after(area, shared, patches, upstream, options, progress, seed_base)
+        return False
+    return True
 
 
 def _apply_after(

@@ -119,14 +119,14 @@ def track_re_applies(monkeypatch) -> list[int]:
     def no_checkout(*args, **kwargs):
         raise AssertionError("checked out the upstream although the spare holds a prefix of the series")
 
-    real_on_spare = apply_engine._apply_on_spare
+    real_reset = apply_engine._reset_spare
 
-    def on_spare(area, output, shared, *rest):
+    def reset_spare(area, output, shared):
         starts.append(len(shared))
-        return real_on_spare(area, output, shared, *rest)
+        return real_reset(area, output, shared)
 
     monkeypatch.setattr(upstream_trees, "checkout", no_checkout)
-    monkeypatch.setattr(apply_engine, "_apply_on_spare", on_spare)
+    monkeypatch.setattr(apply_engine, "_reset_spare", reset_spare)
     return starts
 
 
@@ -175,6 +175,35 @@ def test_the_replaced_tree_is_kept_as_the_spare_and_the_next_changed_patch_start
     assert [p["commit"] for p in result["patches"]] == [p["commit"] for p in reference["patches"]]
     assert git.Repo(out).git.status("--porcelain", "--ignored") == ""
     assert apply(project, upstream_dir, out)["unchanged"]
+
+
+def test_an_output_changed_by_hand_is_seen_while_the_spare_is_reset_and_a_refusal_keeps_the_spare(
+    project, make_patch, upstream_dir, store_env, tmp_path, monkeypatch
+):
+    """The output's git status runs beside the spare's reset: an edit in the output still stops the
+    run before anything replaces it, and the spare it had started from stays for the next run."""
+    patches, out, spare = built(project, make_patch, upstream_dir, tmp_path, 3)
+    reword(patches[2], "Reworded once.")
+    assert apply(project, upstream_dir, out)["code"] == 0  # the first replace: a spare from now on
+    core = out / "vllm" / "core.py"
+    pristine, head = core.read_text(), git.Repo(out).head.commit.hexsha
+    core.write_text(pristine.replace("line_40 = 40\n", "line_40 = 400\n"))
+    reword(patches[2], "Reworded twice.")
+    where = ["--project", str(project), "--upstream", str(upstream_dir), "-o", str(out)]
+    with monkeypatch.context() as patched:
+        starts = track_re_applies(patched)
+        assert cli.main(["apply-patches", *where]) == 2  # unexported work: refused
+    assert starts == [2]  # the spare was reset while the output was read
+    assert "line_40 = 400" in core.read_text() and git.Repo(out).head.commit.hexsha == head
+    assert apply_record.load(spare) is not None  # kept, reset to a commit its record names
+    core.write_text(pristine)
+    with monkeypatch.context() as patched:
+        starts = track_re_applies(patched)
+        result = apply(project, upstream_dir, out)
+    assert starts == [2] and result["code"] == 0 and not result["unchanged"]
+    reference = apply(project, upstream_dir, tmp_path / "full")
+    assert [p["commit"] for p in result["patches"]] == [p["commit"] for p in reference["patches"]]
+    assert git.Repo(out).git.status("--porcelain", "--ignored") == ""
 
 
 def test_a_spare_changed_by_hand_still_gives_a_full_applys_tree(
