@@ -70,6 +70,9 @@ SETTINGS = (
     ("trailer.ifmissing", "add"),
     ("trailer.where", "end"),
     ("trailer.separators", ":"),
+    # A checkout of the 8,500 upstream files writes them with one worker per core (git's parallel
+    # checkout; the files are the same): a new output's checkout is most of a full apply's time.
+    ("checkout.workers", "0"),
 )
 _IDENTITY_KEYS = ("user.name", "user.email")
 
