@@ -14,10 +14,11 @@ A later apply with the same inputs whose output and spare cannot serve it takes 
 that shares the most leading patches with the run (the patch files compared byte for byte, as
 the spare's are), clones the upstream as every build does, links the pack into the clone, checks
 the last shared commit out and applies only the patches after it. The upstream is the verified
-import, as always; the pack is used only while its files are the ones written (inode, size and
-mtime, as ``objects.fingerprint`` proves an import's loose objects), and a git step that cannot use it (an object
-missing) falls back to the build from upstream. A pack never names an upstream object (it holds
-what ``upstream..HEAD`` adds), so it cannot stand in for a verified one.
+import, as always; the pack is used only once ``git verify-pack`` has hashed every object in it
+again (an object's name is the hash of its content, so a whole pack holding the recorded commit
+holds exactly the build), and a git step that cannot use it (an object missing) falls back to
+the build from upstream. A pack never names an upstream object (it holds what ``upstream..HEAD``
+adds), so it cannot stand in for a verified one.
 
 At most ``LIMIT`` builds are kept, the least recently used removed first; removing the folder is
 always safe (the next apply re-applies every patch).
@@ -62,11 +63,6 @@ def folder(store: Store) -> Path:
     return store.root / FOLDER
 
 
-def _files_stat(*paths: Path) -> list[list[int]]:
-    stats = [path.stat() for path in paths]
-    return [[s.st_ino, s.st_size, s.st_mtime_ns] for s in stats]
-
-
 def _git(*args: str, stdin: str | None = None) -> str:
     done = subprocess.run(
         ["git", *args], capture_output=True, text=True, input=stdin, check=True, env=gitenv.environment()
@@ -97,14 +93,17 @@ def _prune(store: Store) -> None:
                 _remove(record)
 
 
-def best(store: Store, inputs: apply_record.Inputs, patches: list[Patch] | list[tuple[str, bytes]]) -> KeptBuild | None:
+def best(
+    store: Store, inputs: apply_record.Inputs, patches: list[Patch] | list[tuple[str, bytes]], verify: bool = True
+) -> KeptBuild | None:
     """The kept build of ``inputs`` that holds the most leading ``patches`` (None: none holds any;
     ``patches``: parsed, or name and bytes as ``series.read_series_bytes`` reads them).
 
-    A build whose pack files are not the ones written is removed, never used.
+    With ``verify`` the build's pack is proven whole first (``_pack_intact``); one that is not is
+    removed, never used, and the next best is tried. Without, the records alone answer.
     """
-    found: KeptBuild | None = None
-    for path in _entries(store):
+    candidates: list[tuple[int, Path, dict]] = []
+    for path in _entries(store):  # most recently used first: the first of equal counts wins
         try:
             record = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
@@ -114,25 +113,40 @@ def best(store: Store, inputs: apply_record.Inputs, patches: list[Patch] | list[
         if not apply_record.same_inputs(record, inputs):
             continue
         count = apply_record.same_prefix(record, patches)
-        if count == 0 or (found is not None and count <= len(found.shared)):
-            continue
-        try:
-            intact = record.get("kept_files") == _files_stat(path.with_suffix(".pack"), path.with_suffix(".idx"))
-        except OSError:
-            intact = False
-        if not intact:
+        shared = apply_record.results_of(record)[:count]
+        if count and all(r.accepted and r.commit for r in shared):
+            candidates.append((count, path, record))
+    for count, path, record in sorted(candidates, key=lambda candidate: -candidate[0]):
+        if verify and not _pack_intact(path):
             with contextlib.suppress(OSError):
                 _remove(path)
             continue
-        shared = apply_record.results_of(record)[:count]
-        if all(r.accepted and r.commit for r in shared):
-            found = KeptBuild(path, str(record.get("kept_pack")), shared)
-    return found
+        return KeptBuild(path, str(record.get("kept_pack")), apply_record.results_of(record)[:count])
+    return None
+
+
+def _pack_intact(record: Path) -> bool:
+    """True when the build's pack is whole: ``git verify-pack`` hashes every object in it again
+    (about 15 ms for 15 patches). Its files' dates say nothing: git sets a pack's mtime whenever it
+    would write an object the pack holds, and a kept pack is hard-linked into every tree built on it.
+    A pack that holds other objects than the build's is whole too; the checkout then misses an
+    object and the run builds from upstream (``KeptBuilds.check_out``)."""
+    try:
+        done = subprocess.run(
+            ["git", "verify-pack", str(record.with_suffix(".idx"))],
+            capture_output=True,
+            env=gitenv.environment(),
+            check=False,
+        )
+    except OSError:
+        return False
+    return done.returncode == 0
 
 
 def held(store: Store, inputs: apply_record.Inputs, mails: list[tuple[str, bytes]]) -> int:
-    """How many leading patches (``mails``: name and bytes) the best kept build of ``inputs`` holds."""
-    build = best(store, inputs, mails)
+    """How many leading patches (``mails``: name and bytes) the best kept build of ``inputs`` records
+    (its pack unproven: the build that uses it proves it)."""
+    build = best(store, inputs, mails, verify=False)
     return len(build.shared) if build else 0
 
 
@@ -211,7 +225,6 @@ class KeptBuilds:
             os.replace(f"{work}/pack-{name}.pack", pack)
             os.replace(f"{work}/pack-{name}.idx", index)
             record["kept_pack"] = name
-            record["kept_files"] = _files_stat(pack, index)
             atomicfile.write_bytes(kept / f"{head}.json", (json.dumps(record, sort_keys=True) + "\n").encode())
             _prune(self.store)
         except (OSError, subprocess.CalledProcessError):

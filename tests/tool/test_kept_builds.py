@@ -74,7 +74,7 @@ def test_a_build_into_a_new_output_checks_the_kept_build_out_and_re_applies_noth
     assert repo.git.status("--porcelain", "--untracked-files=all") == ""
     assert repo.active_branch.name == "patched"
     record = apply_record.load(tmp_path / "second")
-    assert record is not None and "kept_files" not in record  # the tree's own record, as a full apply writes it
+    assert record is not None and "kept_pack" not in record  # the tree's own record, as a full apply writes it
     shutil.rmtree(kept_folder())  # the published tree does not depend on the cache
     subprocess.run(["git", "-C", str(tmp_path / "second"), "fsck", "--strict"], check=True, capture_output=True)
     assert apply(project, upstream_dir, tmp_path / "second")["unchanged"]
@@ -102,15 +102,36 @@ def test_a_kept_pack_changed_since_it_was_written_is_removed_and_never_used(
     series_of(make_patch, upstream_dir, 2)
     apply(project, upstream_dir, tmp_path / "first")
     (pack,) = kept_folder().glob("*.pack")
-    data = pack.read_bytes()
+    data = bytearray(pack.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one byte of the objects
     pack.unlink()
-    pack.write_bytes(data)  # the same bytes, another file: not the one written
+    pack.write_bytes(bytes(data))
     starts = track_starts(monkeypatch)
     assert apply(project, upstream_dir, tmp_path / "second")["code"] == 0
     assert starts == [0]  # built from upstream
     assert [p.name for p in kept_folder().glob("*.pack")] == [pack.name]  # and kept anew
+    assert pack.read_bytes() != bytes(data)
     assert apply(project, upstream_dir, tmp_path / "third")["code"] == 0
     assert starts == [0, 2]  # which the next build into a new output uses
+
+
+def test_a_kept_pack_git_freshened_through_a_tree_built_on_it_is_still_used(
+    project, make_patch, upstream_dir, store_env, tmp_path, monkeypatch
+):
+    """git sets a pack's mtime whenever it would write an object the pack holds, through every hard
+    link: a re-apply on a tree built from the kept build freshens the cache's pack."""
+    patches = series_of(make_patch, upstream_dir, 2)
+    apply(project, upstream_dir, tmp_path / "first")
+    (pack,) = kept_folder().glob("*.pack")
+    written = pack.stat().st_mtime_ns
+    original = patches[1].read_bytes()
+    reword(patches[1], "Reworded the last.")
+    assert apply(project, upstream_dir, tmp_path / "first")["code"] == 0  # on the kept build: its pack linked
+    assert pack.stat().st_mtime_ns != written  # git am wrote blobs the pack holds: freshened
+    patches[1].write_bytes(original)
+    starts = track_starts(monkeypatch)
+    result = apply(project, upstream_dir, tmp_path / "second")
+    assert result["code"] == 0 and starts == [2]  # the kept build of the original series, still used
 
 
 def test_a_kept_build_git_cannot_use_gives_way_to_the_build_from_upstream(

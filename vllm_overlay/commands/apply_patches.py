@@ -160,8 +160,9 @@ def _build(
     )
     if mails is not None:
         # The patches a kept build of these inputs records were parsed by this engine too: a build
-        # into a new output that a kept build serves parses none of them.
-        kept_before = 0 if args.rebuild else kept_builds.held(store, inputs, mails)
+        # into a new output that a kept build serves parses none of them (a run the spare serves
+        # does not look).
+        kept_before = 0 if args.rebuild or parsed_before else kept_builds.held(store, inputs, mails)
         parsed = series.patches_from_bytes(proj.patches, mails, max(parsed_before, kept_before))
     patches = series.select(parsed, args.only)
 
