@@ -2,7 +2,8 @@
 
 A patch file is an mbox message as ``git format-patch`` writes it. Its commit message ends in a
 block of git trailers carrying the DEP-3 headers and the project's own (Series, Tests,
-Upstream-Tests, Targets); git itself parses that block. The diff is parsed with unidiff.
+Upstream-Tests, Targets); git itself parses that block, and the mail's headers (``git mailinfo``).
+The diff is parsed with unidiff.
 """
 
 from __future__ import annotations
@@ -325,7 +326,7 @@ def parse_mail(raw: bytes, name: str) -> ParsedMail:
     header_block, _, body = message_part.partition("\n\n")
     if any(line.lower().startswith("content-type: multipart/") for line in header_block.split("\n")):
         raise SeriesError(f"{name}: multipart message; expected a plain git-format-patch file")
-    headers = mail_headers(mail)
+    headers = mail_headers(mail, name)
     subject = headers.get("Subject", "")
     if not subject:
         raise SeriesError(f"{name}: no Subject header (is it a git-format-patch file?)")
@@ -349,11 +350,12 @@ def parse_mail(raw: bytes, name: str) -> ParsedMail:
     )
 
 
-def mail_headers(mail: bytes) -> dict[str, str]:
-    """Author, Email, Subject and Date of a mail as ``git mailinfo -b`` reads them (absent: not given)."""
-    result = subprocess.run(
-        ["git", "mailinfo", "-b", os.devnull, os.devnull], input=mail, capture_output=True, check=True
-    )
+def mail_headers(mail: bytes, name: str) -> dict[str, str]:
+    """Author, Email, Subject and Date of the mail ``name`` as ``git mailinfo -b`` reads them (absent: not given)."""
+    result = subprocess.run(["git", "mailinfo", "-b", os.devnull, os.devnull], input=mail, capture_output=True)
+    if result.returncode != 0:
+        reason = result.stderr.decode("utf-8", errors="replace").strip() or f"exit status {result.returncode}"
+        raise SeriesError(f"{name}: git mailinfo cannot read its headers: {reason}")
     fields: dict[str, str] = {}
     for line in result.stdout.decode("utf-8", errors="replace").split("\n"):
         key, sep, value = line.partition(": ")
