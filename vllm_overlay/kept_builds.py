@@ -127,7 +127,7 @@ def best(
 
 def _pack_intact(record: Path) -> bool:
     """True when the build's pack is whole: ``git verify-pack`` hashes every object in it again
-    (about 15 ms for 15 patches). Its files' dates say nothing: git sets a pack's mtime whenever it
+    (about 10 ms CPU for 15 patches). Its files' dates say nothing: git sets a pack's mtime whenever it
     would write an object the pack holds, and a kept pack is hard-linked into every tree built on it.
     A pack that holds other objects than the build's is whole too; the checkout then misses an
     object and the run builds from upstream (``KeptBuilds.check_out``)."""

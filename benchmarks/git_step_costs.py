@@ -1,0 +1,188 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""What single git steps of a re-apply and of a full apply cost, each beside its alternative (issue 24).
+
+The figures docs/speed.md quotes for the choices made in the apply engine and the git settings
+of the tool, measured the same way as speed_tool_vs_git.py (the two variants of a step run
+ALTERNATELY; medians of CPU, the process and its children; the load average printed):
+
+  check      one patch's check: ``git apply --cached --verbose`` on a copy of the tree's index
+             (read and written whole) beside ``git apply --check --verbose`` on the tree
+  status     the output's ``git status --porcelain=v2 --branch --untracked-files=all``: plain,
+             with the untracked cache (``core.untrackedCache`` and ``status.showUntrackedFiles=all``,
+             populated by a first run, on a copy of the tree), and with ``core.preloadIndex=false``
+  reset      ``git reset --hard HEAD`` of the tree with ``core.preloadIndex`` on and off
+  verify     ``git verify-pack`` of one pack of what the series but its last patch adds (as the cache
+             keeps a build: ``pack-objects --revs``, no deltas), which a kept build's use costs
+  checkout   ``git checkout`` of the upstream into a ``--shared`` clone with ``checkout.workers=1``
+             beside ``checkout.workers=0`` (a worker per core); wall time too, the clone removed and
+             the disk synced before each
+
+The tree is the upstream with the project's series applied by hand (clone ``--shared`` of the
+tool's upstream cache, checkout, ``git am``), the patch the series' last one, checked on its
+parent. Run scripts/apply-patches once first (the upstream comes from the tool's cache). Example::
+
+    .venv/bin/python benchmarks/git_step_costs.py --repeat 20 --checkouts 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from speed_tool_vs_git import series_files, store_repo, upstream_tag  # this folder: the same cache
+
+REPO = Path(__file__).resolve().parents[1]
+STATUS = ["status", "--porcelain=v2", "--branch", "--untracked-files=all", "--no-renames"]
+UNTRACKED_CACHE = ["-c", "core.untrackedCache=true", "-c", "status.showUntrackedFiles=all"]
+
+
+def timed(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the command and its children)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def compare(name: str, variants: dict[str, Callable[[], tuple[float, float]]], repeat: int) -> None:
+    """Run each variant (a callable giving (wall, cpu)) in turn, ``repeat`` rounds, order alternating."""
+    results: dict[str, list[tuple[float, float]]] = {label: [] for label in variants}
+    labels = list(variants)
+    for round_number in range(repeat):
+        for label in labels if round_number % 2 == 0 else labels[::-1]:
+            results[label].append(variants[label]())
+    load = os.getloadavg()[0]
+    for label, runs in results.items():
+        wall = statistics.median(r[0] for r in runs)
+        cpu = statistics.median(r[1] for r in runs)
+        print(
+            f"{name:<9} {label:<48} {cpu * 1000:8.1f} ms CPU {wall * 1000:8.1f} ms wall  [n={repeat}, load {load:.2f}]"
+        )
+
+
+def prepared_tree(scratch: Path) -> tuple[Path, Path]:
+    """The upstream with the series applied by hand, and the series' last patch (HEAD's)."""
+    tree = scratch / "tree"
+    tag = upstream_tag(REPO)
+    subprocess.run(["git", "clone", "-q", "--shared", "--no-checkout", str(store_repo()), str(tree)], check=True)
+    subprocess.run(["git", "-C", str(tree), "checkout", "-q", "-B", "patched", tag], check=True)
+    ident = {"GIT_COMMITTER_NAME": "bench", "GIT_COMMITTER_EMAIL": "bench@invalid"}
+    am = ["git", "-C", str(tree), "am", "-q", "--keep-cr", *series_files(REPO)]
+    subprocess.run(am, check=True, env={**os.environ, **ident})
+    mail = scratch / "last.patch"
+    mail.write_bytes(
+        subprocess.run(
+            ["git", "-C", str(tree), "format-patch", "-1", "--stdout"], check=True, capture_output=True
+        ).stdout
+    )
+    subprocess.run(["git", "-C", str(tree), "reset", "-q", "--hard", "HEAD~1"], check=True)
+    return tree, mail
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeat", type=int, default=20, help="rounds of the small steps (default 20)")
+    parser.add_argument("--checkouts", type=int, default=4, help="rounds of the checkout (default 4; 0: skip)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="vllm-overlay-git-steps-") as tmp:
+        scratch = Path(tmp)
+        tree, mail = prepared_tree(scratch)
+        git = ["git", "-C", str(tree)]
+        copied_index = scratch / "run-index"
+
+        def on_copied_index() -> tuple[float, float]:
+            shutil.copyfile(tree / ".git" / "index", copied_index)
+            env = {**os.environ, "GIT_INDEX_FILE": str(copied_index)}
+            return timed([*git, "apply", "--cached", "--verbose", str(mail)], env)
+
+        compare(
+            "check",
+            {
+                "git apply --cached, a copy of the index": on_copied_index,
+                "git apply --check on the tree": lambda: timed([*git, "apply", "--check", "--verbose", str(mail)]),
+            },
+            args.repeat,
+        )
+        # The untracked cache on a copy of the tree: a plain status on the same tree would rewrite
+        # the cache for its own untracked-files mode at every other run.
+        cached = scratch / "tree-with-untracked-cache"
+        shutil.copytree(tree, cached, symlinks=True)
+        with_cache = ["git", *UNTRACKED_CACHE, "-C", str(cached)]
+        subprocess.run([*with_cache, "update-index", "--untracked-cache"], check=True)
+        subprocess.run([*with_cache, *STATUS], check=True, capture_output=True)  # populates it
+        no_preload = ["git", "-c", "core.preloadIndex=false", "-C", str(tree)]
+        compare(
+            "status",
+            {
+                "plain": lambda: timed([*git, *STATUS]),
+                "untracked cache (populated; a copy of the tree)": lambda: timed([*with_cache, *STATUS]),
+                "core.preloadIndex=false": lambda: timed([*no_preload, *STATUS]),
+            },
+            args.repeat,
+        )
+        compare(
+            "reset",
+            {
+                "core.preloadIndex=true": lambda: timed(
+                    ["git", "-c", "core.preloadIndex=true", "-C", str(tree), "reset", "-q", "--hard", "HEAD"]
+                ),
+                "core.preloadIndex=false": lambda: timed(
+                    ["git", "-c", "core.preloadIndex=false", "-C", str(tree), "reset", "-q", "--hard", "HEAD"]
+                ),
+            },
+            args.repeat,
+        )
+        pack_dir = scratch / "kept"
+        pack_dir.mkdir()
+        revs = f"patched\n^{upstream_tag(REPO)}\n"  # the series but its last patch (the tree's HEAD)
+        name = subprocess.run(
+            [*git, "pack-objects", "--revs", "--window=0", "--depth=0", "-q", str(pack_dir / "pack")],
+            input=revs,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        index = pack_dir / f"pack-{name}.idx"
+        compare(
+            "verify",
+            {
+                f"git verify-pack ({index.with_suffix('.pack').stat().st_size} B)": lambda: timed(
+                    ["git", "verify-pack", str(index)]
+                )
+            },
+            args.repeat,
+        )
+        if args.checkouts:
+            clone = scratch / "checkout"
+
+            def checkout(workers: str) -> tuple[float, float]:
+                shutil.rmtree(clone, ignore_errors=True)
+                os.sync()
+                clone_argv = ["git", "clone", "-q", "--shared", "--no-checkout", str(store_repo()), str(clone)]
+                subprocess.run(clone_argv, check=True)
+                checkout_argv = ["git", "-c", f"checkout.workers={workers}", "-C", str(clone), "checkout", "-q"]
+                return timed([*checkout_argv, "-B", "patched", upstream_tag(REPO)])
+
+            compare(
+                "checkout",
+                {
+                    "checkout.workers=1": lambda: checkout("1"),
+                    "checkout.workers=0 (a worker per core)": lambda: checkout("0"),
+                },
+                args.checkouts,
+            )
+
+
+if __name__ == "__main__":
+    main()
