@@ -85,7 +85,7 @@ def make_project(root: Path, patches: int, files: int) -> tuple[Path, Path]:
 def run_once(project: Path, upstream: Path, cache: Path) -> tuple[float, int, str]:
     """One apply-patches run in a child: wall seconds, peak RSS of the child tree (KiB), its last line."""
     env = dict(os.environ, VLLM_OVERLAY_CACHE=str(cache))
-    argv = [sys.executable, str(REPO / "scripts" / "apply-patches"), "--project", str(project)]
+    argv = [str(REPO / "scripts" / "apply-patches"), "--project", str(project)]
     argv += ["--upstream", str(upstream), "--base-upstream", str(upstream), "--discard-unexported"]
     started = time.monotonic()
     done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)

@@ -10,7 +10,7 @@ printed with each job.
 
 Jobs (``--jobs``, default all):
 
-  startup      every verb's ``--help`` (the tool's slowest verb)  vs  ``git --version``
+  startup      every ``scripts/VERB --help`` (the slowest verb)     vs  ``git --version``
   noop         ``apply-patches`` with nothing changed             vs  ``git status`` of the output
   incremental  ``apply-patches`` after the last patch changed     vs  ``git reset --hard HEAD~1`` + ``git am`` of it
   full         ``apply-patches`` into a new output                vs  ``git clone --shared`` + checkout + ``git am``
@@ -19,6 +19,10 @@ Jobs (``--jobs``, default all):
                every tool run (a series never applied)
   export       ``export-patches --check``                         vs  ``git format-patch --stdout`` of the range
   lint         ``lint-patches``                                   vs  (no hand way: absolute figures)
+
+The startup job runs the commands in scripts/ as the README does (a shell that starts the
+checkout's interpreter); the other jobs start that interpreter themselves (``python -m
+vllm_overlay.cli``, which also reports the tool's own CPU), the same process without the shell.
 
 Everything runs on a copy of the project's patches/ and upstream.lock in a scratch directory (the
 incremental job edits the copy's last patch); the upstream comes from the tool's cache (run
@@ -77,6 +81,7 @@ VERBS = (
     "serve-e2e",
     "ci-image",
     "ci-readme",
+    "carry-cpu",
 )
 IDENTITY = {"GIT_AUTHOR_NAME": "bench", "GIT_AUTHOR_EMAIL": "bench@invalid"}
 IDENTITY |= {"GIT_COMMITTER_NAME": "bench", "GIT_COMMITTER_EMAIL": "bench@invalid"}
@@ -237,7 +242,7 @@ def run(jobs: list[str], repeat: int, settle: float = 0.0) -> None:
             slowest: list[str] = []
 
             def tool_help() -> tuple[float, float]:
-                times = [measured([*TOOL, verb, "--help"]) for verb in VERBS]
+                times = [measured([str(REPO / "scripts" / verb), "--help"]) for verb in VERBS]
                 worst = max(range(len(times)), key=lambda i: times[i][1])
                 slowest.append(VERBS[worst])
                 return times[worst]

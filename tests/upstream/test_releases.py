@@ -27,7 +27,6 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import git
@@ -201,7 +200,7 @@ WORKSPACE_MISSING = {
 def audit(version: str, tmp_path: Path) -> dict:
     out = tmp_path / f"audit-{version}.json"
     proc = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "audit-upstream"), "--upstream", version, "--json", str(out),
+        [str(REPO / "scripts" / "audit-upstream"), "--upstream", version, "--json", str(out),
          "--range-diff", str(tmp_path / "range-diff.txt")],
         capture_output=True,
         text=True,
