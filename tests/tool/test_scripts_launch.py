@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.tool.helpers import REPO_ROOT
+from vllm_overlay.cli import VERBS
 
 SCRIPTS = REPO_ROOT / "scripts"
 LAUNCHED = sorted(p.name for p in SCRIPTS.iterdir() if '. "$here/_launch.sh"' in p.read_text())
@@ -78,6 +79,7 @@ def test_every_command_runs_its_own_verb(name):
     assert done.stdout.startswith(f"usage: vllm-overlay {name} ")
 
 
-def test_every_command_but_the_shell_ones_is_launched():
+def test_every_verb_has_its_command_and_every_command_but_the_shell_ones_is_launched():
     shell = {"_launch.sh", "_entry.py", "check", "setup"}
     assert sorted(p.name for p in SCRIPTS.iterdir() if p.name not in shell) == LAUNCHED
+    assert LAUNCHED == sorted(VERBS)
