@@ -33,7 +33,9 @@ scripts/apply-patches once first). Example::
 The full and first jobs remove the last tree before each run. On a file system that reuses freed
 inodes slowly (ext4 without a journal: docs/speed.md) the checkout right after a removal costs
 several times what it costs later; ``--settle SECONDS`` waits that long after each removal, so the
-checkout is measured as on a machine that removed nothing just before.
+checkout is measured as on a machine that removed nothing just before (the kernel's window is
+60 s after the removal was written back). ``--keep-trees`` instead gives every run of these jobs
+a new directory, all removed with the scratch directory at the end: no run follows a removal.
 """
 
 from __future__ import annotations
@@ -194,7 +196,7 @@ def kept_builds_folder() -> Path:
     return store_repo().parent / "kept-builds"
 
 
-def run(jobs: list[str], repeat: int, settle: float = 0.0) -> None:
+def run(jobs: list[str], repeat: int, settle: float = 0.0, keep_trees: bool = False) -> None:
     with tempfile.TemporaryDirectory(prefix="vllm-overlay-speed-") as tmp:
         bench = Bench(Path(tmp), repeat)
         project, out = bench.project, bench.out
@@ -202,14 +204,36 @@ def run(jobs: list[str], repeat: int, settle: float = 0.0) -> None:
         hand = bench.scratch / "hand"
         files = series_files(project)
 
+        # Where each run of the full and first jobs writes its tree: with --keep-trees a new
+        # directory per run (all go with the scratch directory at the end), else the same one,
+        # removed before the run.
+        targets = {"tool": bench.scratch / "fresh", "hand": hand}
+        kept: list[Path] = []
+
         def hand_full() -> tuple[float, float]:
+            tree = targets["hand"]
             return sequence(
                 [
-                    ["git", "clone", "-q", "--shared", "--no-checkout", str(store_repo()), str(hand)],
-                    ["git", "-C", str(hand), "checkout", "-q", "-B", "patched", tag],
-                    ["git", "-C", str(hand), "am", "-q", "--keep-cr", *files],
+                    ["git", "clone", "-q", "--shared", "--no-checkout", str(store_repo()), str(tree)],
+                    ["git", "-C", str(tree), "checkout", "-q", "-B", "patched", tag],
+                    ["git", "-C", str(tree), "am", "-q", "--keep-cr", *files],
                 ]
             )
+
+        def tool_full() -> tuple[float, float]:
+            return measured(bench.tool("apply-patches", "-o", str(targets["tool"])))
+
+        def new_target(side: str) -> Callable[[], None]:
+            base = targets[side]
+
+            def step() -> None:
+                if keep_trees:
+                    targets[side] = base.with_name(f"{base.name}-{len(kept)}")
+                    kept.append(targets[side])
+                else:
+                    remove(base)()
+
+            return step
 
         def remove(path: Path) -> Callable[[], None]:
             def step() -> None:
@@ -286,32 +310,30 @@ def run(jobs: list[str], repeat: int, settle: float = 0.0) -> None:
             last.write_bytes(original)
             subprocess.run(bench.tool("apply-patches", "-o", str(out)), check=True, capture_output=True, env=ENV)
         if "full" in jobs:
-            fresh = bench.scratch / "fresh"
             bench.job(
                 "full",
                 "apply-patches into a new output",
                 "git clone --shared + git checkout + git am of the series",
-                lambda: measured(bench.tool("apply-patches", "-o", str(fresh))),
+                tool_full,
                 hand_full,
-                before_tool=remove(fresh),
-                before_hand=remove(hand),
+                before_tool=new_target("tool"),
+                before_hand=new_target("hand"),
             )
         if "first" in jobs:
-            fresh = bench.scratch / "fresh"
-            forget = remove(fresh)
+            next_tool_target = new_target("tool")
 
             def forget_builds() -> None:
                 shutil.rmtree(kept_builds_folder(), ignore_errors=True)  # a cache: always safe to remove
-                forget()
+                next_tool_target()
 
             bench.job(
                 "first",
                 "apply-patches into a new output, no kept build",
                 "git clone --shared + git checkout + git am of the series",
-                lambda: measured(bench.tool("apply-patches", "-o", str(fresh))),
+                tool_full,
                 hand_full,
                 before_tool=forget_builds,
-                before_hand=remove(hand),
+                before_hand=new_target("hand"),
             )
         if "export" in jobs:
             bench.job(
@@ -347,10 +369,15 @@ if __name__ == "__main__":
         metavar="SECONDS",
         help="wait this long after each removal of a tree (full, first) before the next run (default 0)",
     )
+    parser.add_argument(
+        "--keep-trees",
+        action="store_true",
+        help="full, first: write each run's tree into a new directory, all removed at the end",
+    )
     options = parser.parse_args()
     git_version = subprocess.run(["git", "--version"], capture_output=True, text=True).stdout.split()[-1]
     print(f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}; {os.cpu_count()} cores; git {git_version}")
     try:
-        run(options.jobs.split(","), options.repeat, options.settle)
+        run(options.jobs.split(","), options.repeat, options.settle, options.keep_trees)
     finally:
         OWN_CPU_FILE.unlink(missing_ok=True)
