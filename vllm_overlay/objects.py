@@ -13,8 +13,9 @@ tree, and a fingerprint of the object files that hold them.
 Each run then compares the fingerprint with the files as they are: inode, size and mtime of every
 loose object file of the tree and of the alternates file (a rewrite writes a new file, or the same
 one at a new mtime), inode and size of every pack file (git writes a pack once, as a new file, and
-moves its mtime whenever it would write an object the pack holds). That costs one ``lstat`` per
-object (about 40 ms for vLLM 0.33.0's 9,626 objects). Not the ctime: every clone of the store
+moves its mtime whenever it would write an object the pack holds). That costs a listing of the
+fan-out directories and one ``lstat`` per loose object file of the tree (about 2 ms for vLLM
+0.33.0's 9,628 objects, all packed). Not the ctime: every clone of the store
 hard-links its object files and every removal of a clone unlinks them, and each link count change
 moves the ctime, so with it nearly every run after an apply re-hashed the whole tree (about 36 s).
 What the ctime alone would catch is an in-place rewrite whose writer then set the mtime back: one
@@ -133,6 +134,28 @@ def _loose_path(repo: Path, oid: str) -> Path:
     return repo / "objects" / oid[:2] / oid[2:]
 
 
+def _loose_names(objects_dir: str) -> dict[str, set[str]]:
+    """The loose object files present, by fan-out directory: {"ab": {"cdef...", ...}}.
+
+    An imported release lies in a pack, so nearly every object it lists has no loose file: a listing
+    of the few fan-out directories there are answers for all of them, where one ``lstat`` per
+    object (9,800 for vLLM 0.33.0) found nothing 9,800 times (about 15 ms of every apply).
+    """
+    names: dict[str, set[str]] = {}
+    try:
+        fan_out = os.scandir(objects_dir)
+    except FileNotFoundError:
+        return names
+    with fan_out:
+        for entry in fan_out:
+            if len(entry.name) == 2 and entry.is_dir():  # git follows a linked directory too
+                try:
+                    names[entry.name] = set(os.listdir(entry.path))
+                except FileNotFoundError:
+                    pass  # removed meanwhile (git prune-packed): no loose object there
+    return names
+
+
 def fingerprint(repo: Path, objects: list[str]) -> str:
     """A digest of the files that hold ``objects``: loose object files, packs, the alternates file."""
     digest = hashlib.sha256()
@@ -147,12 +170,13 @@ def fingerprint(repo: Path, objects: list[str]) -> str:
         digest.update(f"{info.st_ino} {info.st_size} {when} {info.st_mode}\0".encode())
 
     loose = str(repo / "objects")
+    present = _loose_names(loose)
     for oid in objects:
-        try:
-            info = os.lstat(f"{loose}/{oid[:2]}/{oid[2:]}")
-            digest.update(b"%d %d %d\0" % (info.st_ino, info.st_size, info.st_mtime_ns))
-        except FileNotFoundError:
-            digest.update(b"-\0")
+        info = None
+        if oid[2:] in present.get(oid[:2], ()):
+            with contextlib.suppress(FileNotFoundError):  # removed since the listing: absent
+                info = os.lstat(f"{loose}/{oid[:2]}/{oid[2:]}")
+        digest.update(b"-\0" if info is None else b"%d %d %d\0" % (info.st_ino, info.st_size, info.st_mtime_ns))
     pack_dir = repo / "objects" / "pack"
     packs = sorted(pack_dir.iterdir()) if pack_dir.is_dir() else []
     for path in packs:

@@ -247,3 +247,33 @@ def test_a_tag_moved_to_another_commit_is_refused(tmp_path, store_env):
     # the moved tag is not the import: it is imported again from the verified sdist
     again = _obtain()
     assert again.commit == first.commit
+
+
+def test_the_fingerprint_sees_each_listed_loose_object_file_and_no_other(tmp_path):
+    """The fingerprint lists the fan-out directories instead of looking each object up: a loose file
+    of a listed object that appears, is rewritten (new inode or mtime) or goes away still changes
+    it, in a directory that held none before too; a loose file of an object not listed does not."""
+    repo = tmp_path / "repo.git"
+    (repo / "objects" / "pack").mkdir(parents=True)
+    listed = ["ab" + "1" * 38, "ab" + "2" * 38, "cd" + "3" * 38]
+    empty = objects.fingerprint(repo, listed)
+    assert objects.fingerprint(repo, listed) == empty
+
+    unlisted = _write_loose(repo / "objects", "ab" + "9" * 38, b"not listed\n")
+    assert objects.fingerprint(repo, listed) == empty  # the same directory, another object
+
+    first = _write_loose(repo / "objects", listed[2], b"listed\n")  # a directory that held none
+    with_first = objects.fingerprint(repo, listed)
+    assert with_first != empty
+    assert objects.fingerprint(repo, listed) == with_first
+
+    _write_loose(repo / "objects", listed[2], b"listed\n")  # the same bytes, a new file
+    rewritten = objects.fingerprint(repo, listed)
+    assert rewritten != with_first
+    moved = first.stat().st_mtime_ns + 10**9
+    os.utime(first, ns=(moved, moved))  # the same file, another mtime
+    assert objects.fingerprint(repo, listed) != rewritten
+
+    first.unlink()
+    unlisted.unlink()
+    assert objects.fingerprint(repo, listed) == empty  # gone again: as before it came
