@@ -17,6 +17,11 @@ ALTERNATELY; medians of CPU, the process and its children; the load average prin
   checkout   ``git checkout`` of the upstream into a ``--shared`` clone with ``checkout.workers=1``
              beside ``checkout.workers=0`` (a worker per core); wall time too, the clone removed and
              the disk synced before each
+  fresh      right after a checkout (workers=0) into a new directory, the check of the whole series
+             on a copy of the index (``git apply --cached --verbose`` of every patch): the copy as
+             made (git takes the files as new as the index for racily clean, and hashes them when it
+             writes the index) beside the copy dated a minute ahead, as the apply engine dates it
+             (``_copy_index``)
 
 The tree is the upstream with the project's series applied by hand (clone ``--shared`` of the
 tool's upstream cache, checkout, ``git am``), the patch the series' last one, checked on its
@@ -94,6 +99,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=20, help="rounds of the small steps (default 20)")
     parser.add_argument("--checkouts", type=int, default=4, help="rounds of the checkout (default 4; 0: skip)")
+    parser.add_argument(
+        "--fresh", type=int, default=4, help="rounds of the check after a checkout (default 4; 0: skip)"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="vllm-overlay-git-steps-") as tmp:
         scratch = Path(tmp)
@@ -163,6 +171,34 @@ def main() -> None:
             },
             args.repeat,
         )
+        if args.fresh:  # before the checkout rounds, which remove a tree each
+            fresh_trees: list[Path] = []
+
+            def check_after_checkout(dated_ahead: bool) -> tuple[float, float]:
+                # A new directory each round, none removed until the end: a checkout right after a
+                # removal takes seconds here (docs/speed.md), which leaves few files as new as the
+                # index; one on a machine that removed nothing just before takes under one.
+                fresh = scratch / f"fresh-{len(fresh_trees)}"
+                fresh_trees.append(fresh)
+                clone_argv = ["git", "clone", "-q", "--shared", "--no-checkout", str(store_repo()), str(fresh)]
+                subprocess.run(clone_argv, check=True)
+                checkout_argv = ["git", "-c", "checkout.workers=0", "-C", str(fresh), "checkout", "-q"]
+                subprocess.run([*checkout_argv, "-B", "patched", upstream_tag(REPO)], check=True)
+                shutil.copyfile(fresh / ".git" / "index", copied_index)
+                if dated_ahead:
+                    later = time.time() + 60
+                    os.utime(copied_index, (later, later))
+                env = {**os.environ, "GIT_INDEX_FILE": str(copied_index)}
+                return timed(["git", "-C", str(fresh), "apply", "--cached", "--verbose", *series_files(REPO)], env)
+
+            compare(
+                "fresh",
+                {
+                    "the series on a copy of the index, as copied": lambda: check_after_checkout(False),
+                    "the series on a copy of the index, dated ahead": lambda: check_after_checkout(True),
+                },
+                args.fresh,
+            )
         if args.checkouts:
             clone = scratch / "checkout"
 
