@@ -36,7 +36,8 @@ def main() -> None:
         started = time.perf_counter()
         objects.fingerprint(repo, listed)
         times.append(time.perf_counter() - started)
-    print(f"fingerprint check (every run): median {statistics.median(times):.3f}s, max {max(times):.3f}s")
+    median_ms, max_ms = statistics.median(times) * 1000, max(times) * 1000
+    print(f"fingerprint check (every run): median {median_ms:.1f} ms, max {max_ms:.1f} ms")
     if args.full:
         started = time.perf_counter()
         objects.rehash(repo, tag)
