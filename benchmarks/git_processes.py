@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""Where one apply's CPU goes, git process by git process, beside the hand way's (issue 24, job 4).
+
+speed_tool_vs_git.py gives each side's total; this script says what the totals are made of. It
+runs, alternately, ``--repeat`` times each:
+
+  first   ``apply-patches`` into a new output, the cache's kept builds removed before (a series
+          never applied: job 4')
+  full    ``apply-patches`` into a new output, the series' kept build in the cache (job 4)
+  hand    ``git clone --shared`` of the tool's upstream cache + ``git checkout`` + ``git am`` of
+          the series
+
+with a ``git`` first on PATH that runs the real one under bash's ``time`` and logs the CPU of
+each git process (user + system, millisecond resolution; the wrapper's own shell is not counted).
+Every run writes a new directory, none removed before the end, so no run follows a removal of
+this script's (docs/speed.md: on this machine a checkout after one costs several times more).
+Printed per job: the medians of the whole CPU (the process and all it waited for), of the tool's
+own process (its Python) and of each git subcommand's count and CPU, largest first. The
+wrapper's shells add to the whole: compare the parts, and the totals with speed_tool_vs_git.py.
+Run scripts/apply-patches once first (the upstream comes from the tool's cache). Example::
+
+    .venv/bin/python benchmarks/git_processes.py --repeat 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from speed_tool_vs_git import (  # this folder: the same cache, the tool run the same way
+    ENV,
+    OWN_CPU_FILE,
+    TOOL_WITH_OWN_CPU,
+    kept_builds_folder,
+    measured,
+    series_files,
+    store_repo,
+    upstream_tag,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+# Runs git under bash's ``time`` (TIMEFORMAT: user and system seconds, 3 decimals) and appends one
+# line per process to $BENCH_GIT_PROCESSES_LOG: "<user> <system> <argument>\x1f<argument>...".
+WRAPPER = """#!/bin/bash
+TIMEFORMAT='%3U %3S'
+times="$BENCH_GIT_PROCESSES_LOG.$$"
+{ time "$BENCH_GIT_PROCESSES_REAL" "$@" 2>&3 ; } 3>&2 2>"$times"
+status=$?
+IFS=$'\\x1f'
+printf '%s %s\\n' "$(< "$times")" "$*" >> "$BENCH_GIT_PROCESSES_LOG"
+rm -f "$times"
+exit $status
+"""
+# git's options that take the next argument as their value (before the subcommand).
+VALUED_OPTIONS = {"-C", "-c", "--git-dir", "--work-tree", "--namespace", "--exec-path", "--config-env"}
+
+
+def subcommand(argv: list[str]) -> str:
+    """The git subcommand of one logged process (``am``, ``checkout``, ...)."""
+    index = 0
+    while index < len(argv):
+        word = argv[index]
+        if word in VALUED_OPTIONS:
+            index += 2
+        elif word.startswith("-"):
+            index += 1
+        else:
+            return word
+    return "(none)"
+
+
+def read_log(log: Path) -> dict[str, tuple[int, float]]:
+    """{subcommand: (processes, CPU seconds)} of the processes ``log`` holds."""
+    parts: dict[str, tuple[int, float]] = {}
+    for line in log.read_text().splitlines() if log.exists() else []:
+        user, system, args = line.split(" ", 2)
+        name = subcommand(args.split("\x1f"))
+        count, cpu = parts.get(name, (0, 0.0))
+        parts[name] = (count + 1, cpu + float(user) + float(system))
+    return parts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each job (default 3)")
+    args = parser.parse_args()
+    real_git = shutil.which("git")
+    assert real_git, "git is not on PATH"
+    print(f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}; {os.cpu_count()} cores")
+    with tempfile.TemporaryDirectory(prefix="vllm-overlay-git-processes-") as tmp:
+        scratch = Path(tmp)
+        shim = scratch / "bin"
+        shim.mkdir()
+        (shim / "git").write_text(WRAPPER)
+        (shim / "git").chmod(0o755)
+        log = scratch / "git.log"
+        env = dict(ENV, BENCH_GIT_PROCESSES_LOG=str(log), BENCH_GIT_PROCESSES_REAL=real_git)
+        env["PATH"] = f"{shim}{os.pathsep}{env.get('PATH', '')}"
+        project = scratch / "project"
+        shutil.copytree(REPO / "patches", project / "patches")
+        shutil.copy(REPO / "upstream.lock", project / "upstream.lock")
+        shutil.copytree(REPO / "tests" / "patches", project / "tests" / "patches")
+        files = series_files(project)
+        tag = upstream_tag(project)
+        trees = iter(scratch / f"tree-{n}" for n in range(10**6))
+        # The series' kept build, which the full job uses (and the first job removes).
+        subprocess.run(
+            [*TOOL_WITH_OWN_CPU, "apply-patches", "-o", str(next(trees)), "--project", str(project)],
+            check=True,
+            capture_output=True,
+            env=ENV,
+        )
+
+        def tool(forget_builds: bool) -> Callable[[], tuple[float, float | None]]:
+            def run() -> tuple[float, float | None]:
+                if forget_builds:
+                    shutil.rmtree(kept_builds_folder(), ignore_errors=True)  # a cache: always safe to remove
+                OWN_CPU_FILE.unlink(missing_ok=True)
+                argv = [*TOOL_WITH_OWN_CPU, "apply-patches", "-o", str(next(trees)), "--project", str(project)]
+                _wall, cpu = measured(argv, env=env)
+                own = OWN_CPU_FILE.read_text().split()
+                return cpu, float(own[-1]) if own else None
+
+            return run
+
+        def hand() -> tuple[float, float | None]:
+            tree = next(trees)
+            steps = [
+                ["git", "clone", "-q", "--shared", "--no-checkout", str(store_repo()), str(tree)],
+                ["git", "-C", str(tree), "checkout", "-q", "-B", "patched", tag],
+                ["git", "-C", str(tree), "am", "-q", "--keep-cr", *files],
+            ]
+            return sum(measured(step, env=env)[1] for step in steps), None
+
+        jobs = {"first": tool(True), "full": tool(False), "hand": hand}
+        results: dict[str, list[tuple[float, float | None, dict[str, tuple[int, float]]]]] = {j: [] for j in jobs}
+        names = list(jobs)
+        for round_number in range(args.repeat):
+            order = names[round_number % len(names) :] + names[: round_number % len(names)]
+            for name in order:
+                log.unlink(missing_ok=True)
+                cpu, own = jobs[name]()
+                results[name].append((cpu, own, read_log(log)))
+        load = os.getloadavg()[0]
+        for name, runs in results.items():
+            whole = statistics.median(cpu for cpu, _own, _parts in runs)
+            owns = [own for _cpu, own, _parts in runs if own is not None]
+            line = f"{name:<6} whole {whole:.3f} s CPU (runs: {' '.join(f'{cpu:.3f}' for cpu, _o, _p in runs)})"
+            if owns:
+                line += f"; the tool's own process (Python) {statistics.median(owns):.3f} s"
+            print(f"{line}   [n={len(runs)}, load average {load:.2f}]")
+            commands = sorted({c for _cpu, _own, parts in runs for c in parts})
+            rows = []
+            for command in commands:
+                counts = [parts.get(command, (0, 0.0))[0] for _c, _o, parts in runs]
+                cpus = [parts.get(command, (0, 0.0))[1] for _c, _o, parts in runs]
+                rows.append((statistics.median(cpus), statistics.median(counts), command))
+            for cpu, count, command in sorted(rows, reverse=True):
+                print(f"       git {command:<20} {count:>4g} process(es) {cpu * 1000:9.1f} ms CPU")
+            git_total = sum(cpu for cpu, _count, _command in rows)
+            print(f"       git, all (sum of the medians)         {git_total * 1000:9.1f} ms CPU")
+
+
+if __name__ == "__main__":
+    main()
