@@ -33,9 +33,10 @@ scripts/apply-patches once first). Example::
 The full and first jobs remove the last tree before each run. On a file system that reuses freed
 inodes slowly (ext4 without a journal: docs/speed.md) the checkout right after a removal costs
 several times what it costs later; ``--settle SECONDS`` waits that long after each removal, so the
-checkout is measured as on a machine that removed nothing just before (the kernel's window is
-60 s after the removal was written back). ``--keep-trees`` instead gives every run of these jobs
-a new directory, all removed with the scratch directory at the end: no run follows a removal.
+checkout is measured as on a machine that removed nothing just before (on this project's machine
+the effect lasted minutes, a sync or not: docs/speed.md). ``--keep-trees`` instead gives every run
+of these jobs a new directory, all removed with the scratch directory at the end: no run follows a
+removal of the job's own.
 """
 
 from __future__ import annotations
@@ -208,7 +209,8 @@ def run(jobs: list[str], repeat: int, settle: float = 0.0, keep_trees: bool = Fa
         # Where each run of the full and first jobs writes its tree: with --keep-trees a new
         # directory per run (all go with the scratch directory at the end), else the same one,
         # removed before the run.
-        targets = {"tool": bench.scratch / "fresh", "hand": hand}
+        bases = {"tool": bench.scratch / "fresh", "hand": hand}
+        targets = dict(bases)
         kept: list[Path] = []
 
         def hand_full() -> tuple[float, float]:
@@ -225,7 +227,7 @@ def run(jobs: list[str], repeat: int, settle: float = 0.0, keep_trees: bool = Fa
             return measured(bench.tool("apply-patches", "-o", str(targets["tool"])))
 
         def new_target(side: str) -> Callable[[], None]:
-            base = targets[side]
+            base = bases[side]
 
             def step() -> None:
                 if keep_trees:
