@@ -26,6 +26,7 @@ Run scripts/apply-patches once first (the upstream comes from the tool's cache).
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import shutil
 import statistics
@@ -35,18 +36,17 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from speed_tool_vs_git import (  # this folder: the same cache, the tool run the same way
+from speed_tool_vs_git import (  # this folder: the same cache, project copy and runs
     ENV,
     OWN_CPU_FILE,
-    TOOL_WITH_OWN_CPU,
+    Bench,
+    hand_way_steps,
     kept_builds_folder,
     measured,
     series_files,
-    store_repo,
     upstream_tag,
 )
 
-REPO = Path(__file__).resolve().parents[1]
 # Runs git under bash's ``time`` (TIMEFORMAT: user and system seconds, 3 decimals) and appends one
 # line per process to $BENCH_GIT_PROCESSES_LOG: "<user> <system> <argument>\x1f<argument>...".
 WRAPPER = """#!/bin/bash
@@ -104,41 +104,25 @@ def main() -> None:
         log = scratch / "git.log"
         env = dict(ENV, BENCH_GIT_PROCESSES_LOG=str(log), BENCH_GIT_PROCESSES_REAL=real_git)
         env["PATH"] = f"{shim}{os.pathsep}{env.get('PATH', '')}"
-        project = scratch / "project"
-        shutil.copytree(REPO / "patches", project / "patches")
-        shutil.copy(REPO / "upstream.lock", project / "upstream.lock")
-        shutil.copytree(REPO / "tests" / "patches", project / "tests" / "patches")
-        files = series_files(project)
-        tag = upstream_tag(project)
-        trees = iter(scratch / f"tree-{n}" for n in range(10**6))
+        bench = Bench(scratch, args.repeat)
+        files = series_files(bench.project)
+        tag = upstream_tag(bench.project)
+        trees = (scratch / f"tree-{n}" for n in itertools.count())
         # The series' kept build, which the full job uses (and the first job removes).
-        subprocess.run(
-            [*TOOL_WITH_OWN_CPU, "apply-patches", "-o", str(next(trees)), "--project", str(project)],
-            check=True,
-            capture_output=True,
-            env=ENV,
-        )
+        subprocess.run(bench.tool("apply-patches", "-o", str(next(trees))), check=True, capture_output=True, env=ENV)
 
         def tool(forget_builds: bool) -> Callable[[], tuple[float, float | None]]:
             def run() -> tuple[float, float | None]:
                 if forget_builds:
                     shutil.rmtree(kept_builds_folder(), ignore_errors=True)  # a cache: always safe to remove
                 OWN_CPU_FILE.unlink(missing_ok=True)
-                argv = [*TOOL_WITH_OWN_CPU, "apply-patches", "-o", str(next(trees)), "--project", str(project)]
-                _wall, cpu = measured(argv, env=env)
-                own = OWN_CPU_FILE.read_text().split()
-                return cpu, float(own[-1]) if own else None
+                _wall, cpu = measured(bench.tool("apply-patches", "-o", str(next(trees))), env=env)
+                return cpu, bench.own_cpu_of_last_run()
 
             return run
 
         def hand() -> tuple[float, float | None]:
-            tree = next(trees)
-            steps = [
-                ["git", "clone", "-q", "--shared", "--no-checkout", str(store_repo()), str(tree)],
-                ["git", "-C", str(tree), "checkout", "-q", "-B", "patched", tag],
-                ["git", "-C", str(tree), "am", "-q", "--keep-cr", *files],
-            ]
-            return sum(measured(step, env=env)[1] for step in steps), None
+            return sum(measured(step, env=env)[1] for step in hand_way_steps(next(trees), tag, files)), None
 
         jobs = {"first": tool(True), "full": tool(False), "hand": hand}
         results: dict[str, list[tuple[float, float | None, dict[str, tuple[int, float]]]]] = {j: [] for j in jobs}

@@ -33,6 +33,7 @@ parent. Run scripts/apply-patches once first (the upstream comes from the tool's
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import resource
 import shutil
@@ -74,6 +75,24 @@ def compare(name: str, variants: dict[str, Callable[[], tuple[float, float]]], r
         print(
             f"{name:<9} {label:<48} {cpu * 1000:8.1f} ms CPU {wall * 1000:8.1f} ms wall  [n={repeat}, load {load:.2f}]"
         )
+
+
+def clone_and_checkout(dest: Path, workers: str) -> list[str]:
+    """Clone the tool's upstream cache into ``dest`` (``--shared``, no checkout); return the argv of
+    the upstream's checkout there with ``checkout.workers=workers``, for the caller to run or time."""
+    subprocess.run(["git", "clone", "-q", "--shared", "--no-checkout", str(store_repo()), str(dest)], check=True)
+    return [
+        "git",
+        "-c",
+        f"checkout.workers={workers}",
+        "-C",
+        str(dest),
+        "checkout",
+        "-q",
+        "-B",
+        "patched",
+        upstream_tag(REPO),
+    ]
 
 
 def prepared_tree(scratch: Path) -> tuple[Path, Path]:
@@ -172,18 +191,14 @@ def main() -> None:
             args.repeat,
         )
         if args.fresh:  # before the checkout rounds, which remove a tree each
-            fresh_trees: list[Path] = []
+            fresh_numbers = itertools.count()
 
             def check_after_checkout(dated_ahead: bool) -> tuple[float, float]:
                 # A new directory each round, none removed until the end: a checkout right after a
                 # removal takes seconds here (docs/speed.md), which leaves few files as new as the
                 # index; one on a machine that removed nothing just before takes under one.
-                fresh = scratch / f"fresh-{len(fresh_trees)}"
-                fresh_trees.append(fresh)
-                clone_argv = ["git", "clone", "-q", "--shared", "--no-checkout", str(store_repo()), str(fresh)]
-                subprocess.run(clone_argv, check=True)
-                checkout_argv = ["git", "-c", "checkout.workers=0", "-C", str(fresh), "checkout", "-q"]
-                subprocess.run([*checkout_argv, "-B", "patched", upstream_tag(REPO)], check=True)
+                fresh = scratch / f"fresh-{next(fresh_numbers)}"
+                subprocess.run(clone_and_checkout(fresh, "0"), check=True)
                 shutil.copyfile(fresh / ".git" / "index", copied_index)
                 if dated_ahead:
                     later = time.time() + 60
@@ -205,10 +220,7 @@ def main() -> None:
             def checkout(workers: str) -> tuple[float, float]:
                 shutil.rmtree(clone, ignore_errors=True)
                 os.sync()
-                clone_argv = ["git", "clone", "-q", "--shared", "--no-checkout", str(store_repo()), str(clone)]
-                subprocess.run(clone_argv, check=True)
-                checkout_argv = ["git", "-c", f"checkout.workers={workers}", "-C", str(clone), "checkout", "-q"]
-                return timed([*checkout_argv, "-B", "patched", upstream_tag(REPO)])
+                return timed(clone_and_checkout(clone, workers))
 
             compare(
                 "checkout",

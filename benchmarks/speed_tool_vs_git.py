@@ -42,6 +42,7 @@ removal of the job's own.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import resource
 import shutil
@@ -106,6 +107,16 @@ def store_repo() -> Path:
         Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vllm-overlay"
     )
     return Path(cache) / "upstreams.git"
+
+
+def hand_way_steps(tree: Path, tag: str, files: list[str]) -> list[list[str]]:
+    """The hand way of a full apply into ``tree``: a ``--shared`` clone of the tool's upstream cache,
+    a checkout of the upstream, ``git am`` of the series."""
+    return [
+        ["git", "clone", "-q", "--shared", "--no-checkout", str(store_repo()), str(tree)],
+        ["git", "-C", str(tree), "checkout", "-q", "-B", "patched", tag],
+        ["git", "-C", str(tree), "am", "-q", "--keep-cr", *files],
+    ]
 
 
 def upstream_tag(project: Path) -> str:
@@ -211,17 +222,10 @@ def run(jobs: list[str], repeat: int, settle: float = 0.0, keep_trees: bool = Fa
         # removed before the run.
         bases = {"tool": bench.scratch / "fresh", "hand": hand}
         targets = dict(bases)
-        kept: list[Path] = []
+        numbers = itertools.count()
 
         def hand_full() -> tuple[float, float]:
-            tree = targets["hand"]
-            return sequence(
-                [
-                    ["git", "clone", "-q", "--shared", "--no-checkout", str(store_repo()), str(tree)],
-                    ["git", "-C", str(tree), "checkout", "-q", "-B", "patched", tag],
-                    ["git", "-C", str(tree), "am", "-q", "--keep-cr", *files],
-                ]
-            )
+            return sequence(hand_way_steps(targets["hand"], tag, files))
 
         def tool_full() -> tuple[float, float]:
             return measured(bench.tool("apply-patches", "-o", str(targets["tool"])))
@@ -231,8 +235,7 @@ def run(jobs: list[str], repeat: int, settle: float = 0.0, keep_trees: bool = Fa
 
             def step() -> None:
                 if keep_trees:
-                    targets[side] = base.with_name(f"{base.name}-{len(kept)}")
-                    kept.append(targets[side])
+                    targets[side] = base.with_name(f"{base.name}-{next(numbers)}")
                 else:
                     remove(base)()
 
