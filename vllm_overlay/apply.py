@@ -39,6 +39,10 @@ if TYPE_CHECKING:  # GitPython is imported where a tree is built: an unchanged r
 
     from vllm_overlay import kept_builds
 
+# Clones the upstream into a staging tree (absent) and checks it out; the paths, where given, are
+# the only ones the run needs at first (the clone may be narrowed to them: ``narrow``).
+Checkout = Callable[[Path, "list[str] | None"], object]
+
 
 @dataclass(frozen=True)
 class Options:
@@ -190,7 +194,7 @@ def seed_preimages(repo: git.Repo, base_commit: str, patches: list[Patch]) -> in
 def apply_series(
     patches: list[Patch],
     upstream: Upstream,
-    checkout: Callable[[Path], git.Repo],
+    checkout: Checkout,
     output: Path,
     options: Options,
     progress: Callable[[int, int, str], None] | None = None,
@@ -283,7 +287,7 @@ def _apply_locked(
     output: Path,
     patches: list[Patch],
     upstream: Upstream,
-    checkout: Callable[[Path], git.Repo],
+    checkout: Checkout,
     options: Options,
     progress: Callable[[int, int, str], None] | None,
     publish_partial: bool,
@@ -478,20 +482,26 @@ def _apply_in(
     area: staging.StagingArea,
     patches: list[Patch],
     upstream: Upstream,
-    checkout: Callable[[Path], git.Repo],
+    checkout: Checkout,
     options: Options,
     progress: Callable[[int, int, str], None] | None,
     seed_base: Callable[[], str | None] | None,
     partial: bool = False,
 ) -> list[PatchResult]:
-    """Check out ``upstream`` in the staging area and classify (and commit, where accepted) each patch."""
-    from vllm_overlay import patched_repo
+    """Check out ``upstream`` in the staging area and classify (and commit, where accepted) each patch.
+
+    The checkout is narrowed to what the series touches while it is applied (``narrow``) and
+    widened to the whole upstream after, whatever was accepted: every file is written once.
+    """
+    from vllm_overlay import narrow, patched_repo
 
     mails = write_mails(patches, area.mails)
-    repo = checkout(area.tree)
-    patched_repo.record_upstream(repo, upstream.commit, partial=partial)
+    checkout(area.tree, narrow.touched_paths(patches))
+    patched_repo.record_upstream(area.tree, upstream.commit, partial=partial)
     faults.phase("checked-out")
-    return _apply_each(repo, area, patches, mails, upstream, options, progress, seed_base, 0, upstream.commit)
+    results = _apply_each(None, area, patches, mails, upstream, options, progress, seed_base, 0, upstream.commit)
+    narrow.widen(area.tree)
+    return results
 
 
 def _apply_each(

@@ -162,7 +162,8 @@ def start(
             )
         refuse_foreign(repo_dir)
         shutil.rmtree(repo_dir)
-    repo = upstream_trees.checkout(store, upstream, repo_dir)
+    upstream_trees.checkout(store, upstream, repo_dir)
+    repo = git.Repo(repo_dir)
     BumpState(spec, upstream.to_json()).save(repo_dir)  # first: from now on --abort knows it is ours
     patched_repo.record_upstream(repo, upstream.commit)
     enable_rerere(repo, repo_dir)

@@ -103,7 +103,7 @@ def build_tree(proj: CarryProject, the_lock: lock.Lock, store: Store, dest: Path
     report = apply.apply_series(
         patches,
         upstream,
-        lambda target: upstream_trees.checkout(store, upstream, target),
+        lambda target, only: upstream_trees.checkout(store, upstream, target, only),
         (dest or proj.patched_tree).resolve(),
         apply.Options(),
     )

@@ -258,7 +258,7 @@ def apply_no_patches(project: Path, upstream: Path) -> None:
     store = Store()
     up = upstream_trees.obtain(str(upstream), lock.load(project / "upstream.lock"), store)
     result = apply.apply_series(
-        [], up, lambda d: upstream_trees.checkout(store, up, d), project / "build/patched", apply.Options()
+        [], up, lambda d, only: upstream_trees.checkout(store, up, d, only), project / "build/patched", apply.Options()
     )
     assert result.ok
 

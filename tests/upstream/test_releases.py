@@ -325,8 +325,8 @@ def test_round_trip_to_an_older_release_and_back_is_byte_identical(tmp_path: Pat
     locked = upstream_trees.obtain(None, the_lock, store)
     original = tmp_path / "original"
     report = apply.apply_series(
-        series.load_series(REPO / "patches"), locked, lambda d: upstream_trees.checkout(store, locked, d), original,
-        apply.Options(),
+        series.load_series(REPO / "patches"), locked,
+        lambda d, only: upstream_trees.checkout(store, locked, d, only), original, apply.Options(),
     )  # fmt: skip
     assert report.ok
     by_subject = {r.subject: r.commit for r in report.results}

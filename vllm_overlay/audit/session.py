@@ -200,7 +200,7 @@ def _apply_on_both(
     old_report = apply.apply_series(
         patches,
         old,
-        lambda d: upstream_trees.checkout(store, old, d),
+        lambda d, only: upstream_trees.checkout(store, old, d, only),
         old_dir,
         apply.Options(),
         publish_partial=True,
@@ -209,7 +209,7 @@ def _apply_on_both(
     report = apply.apply_series(
         patches,
         new,
-        lambda d: upstream_trees.checkout(store, new, d),
+        lambda d, only: upstream_trees.checkout(store, new, d, only),
         new_dir,
         apply.Options(allow_offset=True, allow_fuzz=True, three_way=True),
         progress=progress,

@@ -30,8 +30,6 @@ from typing import TYPE_CHECKING
 from vllm_overlay import indexes, output, project
 
 if TYPE_CHECKING:
-    import git
-
     from vllm_overlay import apply, lock, series, upstream_trees
     from vllm_overlay.store import Store
 
@@ -176,8 +174,8 @@ def _build(
             )
         return verified
 
-    def checkout(dest: Path) -> git.Repo:
-        return upstream_trees.checkout(store, verified_upstream(), dest)
+    def checkout(dest: Path, only: list[str] | None) -> None:
+        return upstream_trees.checkout(store, verified_upstream(), dest, only)
 
     def refuse_lost_work() -> None:
         """Under the output's lock, before it is rebuilt (an unchanged output is never replaced)."""

@@ -152,7 +152,7 @@ def range_diff(root: Path) -> str:
     report = apply.apply_series(
         series.load_series(main.patches, allow_empty=False),
         upstream,
-        lambda target: upstream_trees.checkout(store, upstream, target),
+        lambda target, only: upstream_trees.checkout(store, upstream, target, only),
         main.patched_tree,
         apply.Options(),
     )

@@ -229,7 +229,7 @@ def _apply_prefix(prefix: list[Patch], upstream: Upstream, the_lock: Lock, store
     return apply.apply_series(
         prefix,
         upstream,
-        lambda dest: upstream_trees.checkout(store, upstream, dest),
+        lambda dest, only: upstream_trees.checkout(store, upstream, dest, only),
         patched,
         apply.Options(),
         # Unchanged since the last run: answered from the tree's record, nothing rebuilt.

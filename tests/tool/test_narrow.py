@@ -1,0 +1,113 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""A first apply on a staging tree narrowed to what the series touches: the same result as a whole checkout."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.tool.helpers import SPDX_HEADER, replace_line, run_apply, statuses, write_upstream
+from vllm_overlay import narrow, series
+
+EXTRA = {f"vllm/untouched/module_{i}.py": f"value = {i}\n" for i in range(6)}
+
+
+def _files(tree: Path) -> set[str]:
+    return {
+        str(path.relative_to(tree))
+        for path in tree.rglob("*")
+        if ".git" not in path.relative_to(tree).parts and (path.is_file() or path.is_symlink())
+    }
+
+
+def _git(tree: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(tree), *args], capture_output=True, text=True, check=False).stdout
+
+
+def _edits(tree: Path) -> None:
+    replace_line(tree / "vllm" / "core.py", "line_20 = 20\n", "line_20 = 200\n")
+    (tree / "vllm" / "added").mkdir()
+    (tree / "vllm" / "added" / "new.py").write_text(SPDX_HEADER + "x = 1\n")
+
+
+@pytest.fixture
+def seen_before_widening(monkeypatch: pytest.MonkeyPatch) -> list[set[str]]:
+    """The files of each staging tree as ``narrow.widen`` finds it (the real widen runs after)."""
+    seen: list[set[str]] = []
+    real_widen = narrow.widen
+
+    def widen(tree: Path) -> None:
+        seen.append(_files(tree))
+        real_widen(tree)
+
+    monkeypatch.setattr(narrow, "widen", widen)
+    return seen
+
+
+def test_a_first_apply_checks_out_the_touched_files_alone_and_publishes_the_whole_tree(
+    project, make_patch, store_env, tmp_path, seen_before_widening, monkeypatch
+):
+    upstream = write_upstream(tmp_path / "up", extra=EXTRA)
+    make_patch(upstream, _edits, "core: change line 20 and add a module")
+    make_patch(upstream, lambda t: replace_line(t / "vllm" / "core.py", "line_5 = 5\n", "line_5 = 50\n"), "b")
+
+    code, report = run_apply(project, upstream, "--output", str(tmp_path / "narrowed"))
+    assert code == 0 and statuses(report) == ["clean", "clean"]
+    assert seen_before_widening == [{"vllm/core.py", "vllm/added/new.py"}]
+
+    monkeypatch.setattr(narrow, "touched_paths", lambda patches: None)  # the whole checkout, as before
+    code, report = run_apply(project, upstream, "--output", str(tmp_path / "whole"), "--rebuild")
+    assert code == 0 and statuses(report) == ["clean", "clean"]
+    assert len(seen_before_widening) == 2 and len(seen_before_widening[1]) > 2 + len(EXTRA)
+
+    narrowed, whole = tmp_path / "narrowed", tmp_path / "whole"
+    assert _git(narrowed, "rev-parse", "HEAD") == _git(whole, "rev-parse", "HEAD")
+    assert _files(narrowed) == _files(whole) >= {f"vllm/untouched/module_{i}.py" for i in range(6)}
+    for name in _files(whole):
+        assert (narrowed / name).read_bytes() == (whole / name).read_bytes(), name
+    # A plain clone: nothing skipped, no sparse setting or pattern, nothing changed since the build.
+    assert {line[:2] for line in _git(narrowed, "ls-files", "-t").splitlines()} == {"H "}
+    assert _git(narrowed, "config", "--get-regexp", "^(core.sparsecheckout|sparse.)") == ""
+    assert not (narrowed / ".git" / "info" / "sparse-checkout").exists()
+    assert _git(narrowed, "status", "--porcelain", "--ignored") == ""
+
+
+def test_a_patch_through_an_upstream_symlink_fails_as_on_a_whole_checkout(
+    project, make_patch, store_env, tmp_path, seen_before_widening, monkeypatch
+):
+    """A link on a patched path's way leads git's checks and the tool's beyond the touched files (to
+    the link's target): such a tree is checked out whole, and the patch fails exactly as before."""
+    base = write_upstream(tmp_path / "base", extra={"vllm/plugins/hook.py": "hook = 1\n", "vllm/real/hook.py": "x\n"})
+    make_patch(base, lambda t: replace_line(t / "vllm" / "plugins" / "hook.py", "hook = 1\n", "hook = 2\n"), "hook")
+    linked = write_upstream(tmp_path / "linked", extra={"vllm/real/hook.py": "hook = 1\n"})
+    os.symlink("real", linked / "vllm" / "plugins")
+
+    code, narrowed = run_apply(project, linked, "--output", str(tmp_path / "narrowed"), base=base)
+    monkeypatch.setattr(narrow, "touched_paths", lambda patches: None)
+    code_whole, whole = run_apply(project, linked, "--output", str(tmp_path / "whole"), base=base)
+    assert code == code_whole != 0
+    assert statuses(narrowed) == statuses(whole) == ["merged-3way"]  # not accepted without --3way
+    assert [r.get("notes") for r in narrowed["patches"]] == [r.get("notes") for r in whole["patches"]]
+    assert "vllm/real/hook.py" in seen_before_widening[0]  # checked out whole
+    assert (linked / "vllm" / "real" / "hook.py").read_text() == "hook = 1\n"
+
+
+def _patch(path: str) -> series.Patch:
+    text = (
+        "From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"
+        "From: test <test@example.invalid>\nDate: Sun, 29 Nov 2026 00:00:00 +0000\nSubject: [PATCH] x\n\n"
+        f"Why.\n---\ndiff --git a/{path} b/{path}\n--- a/{path}\n+++ b/{path}\n@@ -1 +1 @@\n-a\n+b\n"
+    )
+    return series.parse_patch_bytes(text.encode(), Path("x"), "demo/x.patch")
+
+
+def test_paths_a_pattern_would_read_otherwise_leave_the_checkout_whole():
+    assert narrow.touched_paths([_patch("vllm/core.py"), _patch("vllm/a-b_c.py")]) == ["vllm/core.py", "vllm/a-b_c.py"]
+    for odd in ("vllm/a b.py", "vllm/*.py", "vllm/[ab].py", "vllm/!x.py", "vllm/#x.py", "vllm/a?.py"):
+        assert narrow.touched_paths([_patch("vllm/core.py"), _patch(odd)]) is None, odd
+    assert narrow.touched_paths([_patch("../outside.py")]) is None  # refused later, on a whole checkout
+    assert narrow.touched_paths([]) is None
