@@ -4,9 +4,9 @@ A first apply writes the upstream's 8,500 files, then ``git am`` rewrites the in
 patch; right after the checkout git takes most of those files for racily clean and reads them
 again. Checked out with git's sparse checkout to only the files the series touches, the patches
 are applied, classified and committed by the same git commands with the same commit ids (their
-checks read only those files and the directories on their way); ``widen``
-then writes every other file once, from the last commit, and leaves a plain clone: no sparse
-setting, no pattern file, no skip-worktree entry.
+checks read only those files and the directories on their way); ``widen`` then writes every
+other file once, from the last commit, and leaves a plain clone: no sparse setting, no pattern
+file, no skip-worktree entry.
 
 Where a path is one a pattern could not name exactly (a character that sparse patterns read as
 special), or the upstream holds a link or a file on a touched path's way (``narrow``), nothing is
@@ -25,7 +25,13 @@ from vllm_overlay.series import Patch
 # Characters a sparse-checkout pattern (gitignore syntax) reads literally anywhere in a path.
 _PLAIN_PATH = re.compile(r"[A-Za-z0-9_.,+=@%~/-]+")
 _LINK_MODES = ("120000", "160000")  # a symlink, a submodule
-_SETTINGS = (("core.sparseCheckout", "true"), ("sparse.expectFilesOutsideOfPatterns", "true"))
+# Patterns read as plain gitignore lines (not cone mode); no lstat of every skipped entry at each
+# index read (git checks there whether a skipped file appeared): nothing writes them meanwhile.
+_SETTINGS = (
+    ("core.sparseCheckout", "true"),
+    ("core.sparseCheckoutCone", "false"),
+    ("sparse.expectFilesOutsideOfPatterns", "true"),
+)
 
 
 def touched_paths(patches: Iterable[Patch]) -> list[str] | None:
@@ -70,10 +76,6 @@ def narrow(tree: Path, commit: str, touched: list[str]) -> bool:
     for key, value in _SETTINGS:
         patched_repo.git(tree, "config", key, value)
     return True
-
-
-def is_narrow(tree: Path) -> bool:
-    return _pattern_file(tree).is_file()
 
 
 def widen(tree: Path) -> None:

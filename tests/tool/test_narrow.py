@@ -71,7 +71,7 @@ def test_a_first_apply_checks_out_the_touched_files_alone_and_publishes_the_whol
         assert (narrowed / name).read_bytes() == (whole / name).read_bytes(), name
     # A plain clone: nothing skipped, no sparse setting or pattern, nothing changed since the build.
     assert {line[:2] for line in _git(narrowed, "ls-files", "-t").splitlines()} == {"H "}
-    assert _git(narrowed, "config", "--get-regexp", "^(core.sparsecheckout|sparse.)") == ""
+    assert _git(narrowed, "config", "--get-regexp", "^(core.sparsecheckout|sparse.)") == ""  # cone too
     assert not (narrowed / ".git" / "info" / "sparse-checkout").exists()
     assert _git(narrowed, "status", "--porcelain", "--ignored") == ""
 
