@@ -469,12 +469,16 @@ def _apply_after(
     progress: Callable[[int, int, str], None] | None,
     seed_base: Callable[[], str | None] | None,
 ) -> list[PatchResult]:
-    """Classify and commit the patches after ``shared`` on the staging tree, checked out at its last commit."""
+    """Classify and commit the patches after ``shared`` on the staging tree, checked out at its last
+    commit (and perhaps narrowed to the files they touch: widened here once they are applied)."""
+    from vllm_overlay import narrow
+
     mails = write_mails(patches, area.mails)
     faults.phase("checked-out")
     new = _apply_each(
         None, area, patches, mails, upstream, options, progress, seed_base, len(shared), shared[-1].commit
     )
+    narrow.widen(area.tree)
     return [*shared, *new]
 
 

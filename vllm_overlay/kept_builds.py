@@ -182,8 +182,12 @@ class KeptBuilds:
 
     def check_out(self, tree: Path, patches: list[Patch]) -> list[PatchResult] | None:
         """Make ``tree`` (absent) a clone at the last commit the best kept build shares with ``patches``;
-        the shared results (None: no build serves, or git could not use it; ``tree`` is then absent)."""
-        from vllm_overlay import patched_repo, upstream_trees
+        the shared results (None: no build serves, or git could not use it; ``tree`` is then absent).
+
+        Where patches are left to apply, the clone is narrowed to the files they touch (``narrow``):
+        the caller widens it once they are applied.
+        """
+        from vllm_overlay import narrow, patched_repo, upstream_trees
 
         build = best(self.store, self.inputs, patches)
         if build is None:
@@ -192,7 +196,11 @@ class KeptBuilds:
             self.verify_upstream()
         try:
             upstream_trees.clone_at(
-                self.store, tree, build.shared[-1].commit, add_objects=lambda git_dir: link_into(build, git_dir)
+                self.store,
+                tree,
+                build.shared[-1].commit,
+                add_objects=lambda git_dir: link_into(build, git_dir),
+                only=narrow.touched_paths(patches[len(build.shared) :]),
             )
             patched_repo.record_upstream(tree, self.upstream_commit)
         except (OSError, patched_repo.GitError):  # a pack removed meanwhile, an object missing

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tool.helpers import SPDX_HEADER, replace_line, run_apply, statuses, write_upstream
+from tests.tool.helpers import SPDX_HEADER, apply_json, replace_line, reword, run_apply, statuses, write_upstream
 from vllm_overlay import narrow, series
 
 EXTRA = {f"vllm/untouched/module_{i}.py": f"value = {i}\n" for i in range(6)}
@@ -74,6 +74,32 @@ def test_a_first_apply_checks_out_the_touched_files_alone_and_publishes_the_whol
     assert _git(narrowed, "config", "--get-regexp", "^(core.sparsecheckout|sparse.)") == ""  # cone too
     assert not (narrowed / ".git" / "info" / "sparse-checkout").exists()
     assert _git(narrowed, "status", "--porcelain", "--ignored") == ""
+
+
+def test_the_patches_after_a_kept_build_are_applied_on_their_files_alone(
+    project, make_patch, store_env, tmp_path, seen_before_widening, monkeypatch
+):
+    """A new output whose kept build shares all but the last patch: the clone of the kept build is
+    narrowed to the last patch's files, and the result is the build from upstream's."""
+    upstream = write_upstream(tmp_path / "up", extra=EXTRA)
+    make_patch(upstream, _edits, "core: change line 20 and add a module")
+    last = make_patch(upstream, lambda t: (t / "vllm" / "untouched" / "module_0.py").write_text("value = 10\n"), "b")
+    assert apply_json(project, upstream, tmp_path / "first")["code"] == 0
+    reword(last, "Reworded.")
+    seen_before_widening.clear()
+    result = apply_json(project, upstream, tmp_path / "second")
+    assert result["code"] == 0 and [p["status"] for p in result["patches"]] == ["clean", "clean"]
+    assert seen_before_widening == [{"vllm/untouched/module_0.py"}]
+
+    monkeypatch.setattr(narrow, "touched_paths", lambda patches: None)
+    reference = apply_json(project, upstream, tmp_path / "reference", "--rebuild")
+    second = tmp_path / "second"
+    assert [p["commit"] for p in result["patches"]] == [p["commit"] for p in reference["patches"]]
+    assert _files(second) == _files(tmp_path / "reference")
+    assert (second / "vllm" / "added" / "new.py").is_file()  # the kept build's own patch, widened in
+    assert {line[:2] for line in _git(second, "ls-files", "-t").splitlines()} == {"H "}
+    assert _git(second, "status", "--porcelain", "--ignored") == ""
+    assert not (second / ".git" / "info" / "sparse-checkout").exists()
 
 
 def test_a_patch_through_an_upstream_symlink_fails_as_on_a_whole_checkout(
