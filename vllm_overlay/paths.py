@@ -28,6 +28,20 @@ def _path_problem(name: str) -> str | None:
     return None
 
 
+def _symlink_on_the_way(tree: Path, name: str) -> str | None:
+    """The first directory of ``name``'s way that is a symlink in ``tree`` (None: there is none).
+
+    git's own apply refuses a path beyond a symlink, but a 3-way merge writes through it: the
+    commit would change the link's target, another path than the patch names.
+    """
+    parts = PurePosixPath(name).parts[:-1]
+    for depth in range(1, len(parts) + 1):
+        way = "/".join(parts[:depth])
+        if (tree / way).is_symlink():
+            return way
+    return None
+
+
 def _leaves_tree(tree: Path, name: str) -> bool:
     """True if ``name`` resolves (through any symlink in the tree) outside ``tree``."""
     root = tree.resolve()
@@ -106,6 +120,8 @@ def problems(patch: Patch, tree: Path | None = None) -> list[str]:
                 found.append(problem)
             elif tree is not None and _leaves_tree(tree, name):
                 found.append(f"{name!r} leads outside the tree through a symlink")
+            elif tree is not None and (link := _symlink_on_the_way(tree, name)):
+                found.append(f"{name}: lies beyond {link}, a symlink in the tree; the patch would change another path")
             elif tree is not None and (tree / name).is_symlink():
                 found.append(f"{name}: is a symlink in the tree; the patch would change or replace it")
         expected = {_strip(_git_path(raw)) for raw in (patched.source_file, patched.target_file) if raw}

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.tool.helpers import SPDX_HEADER, apply_json, replace_line, reword, run_apply, statuses, write_upstream
-from vllm_overlay import narrow, series
+from vllm_overlay import cli, narrow, series
 
 EXTRA = {f"vllm/untouched/module_{i}.py": f"value = {i}\n" for i in range(6)}
 
@@ -102,24 +102,43 @@ def test_the_patches_after_a_kept_build_are_applied_on_their_files_alone(
     assert not (second / ".git" / "info" / "sparse-checkout").exists()
 
 
-def test_a_patch_through_an_upstream_symlink_fails_as_on_a_whole_checkout(
-    project, make_patch, store_env, tmp_path, seen_before_widening, monkeypatch
-):
-    """A link on a patched path's way leads git's checks and the tool's beyond the touched files (to
-    the link's target): such a tree is checked out whole, and the patch fails exactly as before."""
+def _linked_upstream(tmp_path: Path, make_patch) -> tuple[Path, Path]:
+    """A patch of vllm/plugins/hook.py, made where vllm/plugins is a directory, and an upstream where it is
+    a symlink to vllm/real (the base the patch was made on, the upstream it is applied to)."""
     base = write_upstream(tmp_path / "base", extra={"vllm/plugins/hook.py": "hook = 1\n", "vllm/real/hook.py": "x\n"})
     make_patch(base, lambda t: replace_line(t / "vllm" / "plugins" / "hook.py", "hook = 1\n", "hook = 2\n"), "hook")
     linked = write_upstream(tmp_path / "linked", extra={"vllm/real/hook.py": "hook = 1\n"})
     os.symlink("real", linked / "vllm" / "plugins")
+    return base, linked
 
-    code, narrowed = run_apply(project, linked, "--output", str(tmp_path / "narrowed"), base=base)
+
+def test_a_patch_beyond_an_upstream_symlink_is_refused_as_on_a_whole_checkout(
+    project, make_patch, store_env, tmp_path, monkeypatch, capsys
+):
+    """A link on a patched path's way leads git's checks and the tool's beyond the touched files (to
+    the link's target): such a tree is checked out whole, and the patch is refused exactly as there."""
+    base, linked = _linked_upstream(tmp_path, make_patch)
+    narrowed_or_not: list[bool] = []
+    real_narrow = narrow.narrow
+
+    def recording_narrow(*args):
+        narrowed_or_not.append(real_narrow(*args))
+        return narrowed_or_not[-1]
+
+    monkeypatch.setattr(narrow, "narrow", recording_narrow)
+    where = ["--project", str(project), "--upstream", str(linked), "--base-upstream", str(base), "--3way"]
+
+    capsys.readouterr()
+    code = cli.main(["apply-patches", *where, "--output", str(tmp_path / "narrowed")])
+    refusal = capsys.readouterr().err
     monkeypatch.setattr(narrow, "touched_paths", lambda patches: None)
-    code_whole, whole = run_apply(project, linked, "--output", str(tmp_path / "whole"), base=base)
-    assert code == code_whole != 0
-    assert statuses(narrowed) == statuses(whole) == ["merged-3way"]  # not accepted without --3way
-    assert [r.get("notes") for r in narrowed["patches"]] == [r.get("notes") for r in whole["patches"]]
-    assert "vllm/real/hook.py" in seen_before_widening[0]  # checked out whole
-    assert (linked / "vllm" / "real" / "hook.py").read_text() == "hook = 1\n"
+    code_whole = cli.main(["apply-patches", *where, "--output", str(tmp_path / "whole")])
+    refusal_whole = capsys.readouterr().err
+    assert code == code_whole == 2
+    why = "vllm/plugins/hook.py: lies beyond vllm/plugins, a symlink in the tree"
+    assert why in refusal and why in refusal_whole
+    assert not (tmp_path / "narrowed").exists() and not (tmp_path / "whole").exists()
+    assert narrowed_or_not == [False]  # checked out whole
 
 
 def _patch(path: str) -> series.Patch:

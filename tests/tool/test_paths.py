@@ -64,6 +64,23 @@ def test_retargeting_an_existing_symlink_is_refused(tmp_path, project, store_env
     assert not (project / "build" / "patched").exists()
 
 
+def test_a_patch_beyond_a_directory_symlink_of_the_tree_is_refused_even_with_3way(
+    tmp_path, project, make_patch, store_env, capsys
+):
+    """git apply refuses a path beyond a symlink; its 3-way merge wrote through it, into the link's
+    target: a commit of another path than the patch names. Refused before git runs."""
+    base = write_upstream(tmp_path / "base", extra={"vllm/plugins/hook.py": "hook = 1\n", "vllm/real/hook.py": "x\n"})
+    make_patch(base, lambda t: t.joinpath("vllm", "plugins", "hook.py").write_text("hook = 2\n"), "hook")
+    linked = write_upstream(tmp_path / "linked", extra={"vllm/real/hook.py": "hook = 1\n"})
+    os.symlink("real", linked / "vllm" / "plugins")
+    capsys.readouterr()
+    where = ["--project", str(project), "--upstream", str(linked), "--base-upstream", str(base), "--3way"]
+    code = cli.main(["apply-patches", *where])
+    assert code == 2
+    assert "vllm/plugins/hook.py: lies beyond vllm/plugins, a symlink in the tree" in capsys.readouterr().err
+    assert not (project / "build" / "patched").exists()
+
+
 def _edit_message(patch_file: Path, old: str, new: str) -> None:
     text = patch_file.read_text()
     assert old in text
