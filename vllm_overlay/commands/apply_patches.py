@@ -175,7 +175,7 @@ def _build(
         return verified
 
     def checkout(dest: Path, only: list[str] | None) -> None:
-        return upstream_trees.checkout(store, verified_upstream(), dest, only)
+        upstream_trees.checkout(store, verified_upstream(), dest, only)
 
     def refuse_lost_work() -> None:
         """Under the output's lock, before it is rebuilt (an unchanged output is never replaced)."""
