@@ -130,7 +130,7 @@ def base_release(repo_dir: Path) -> tuple[str, list[str], str | None]:
     base = _upstream_base(repo)
     tags = repo.git.tag("--points-at", base).split()
     file_version = upstream_trees.version_field(
-        upstream_trees.version_file_of_commit(repo, base), upstream_trees.VERSION_RE_IN_FILE
+        upstream_trees.version_file_of_commit(repo_dir, base), upstream_trees.VERSION_RE_IN_FILE
     )
     return base, tags, file_version
 

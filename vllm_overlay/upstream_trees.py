@@ -247,13 +247,12 @@ def _version_file_of_tree(tree: Path) -> str | None:
     return path.read_text(encoding="utf-8") if path.is_file() else None
 
 
-def version_file_of_commit(repo: git.Repo | Path, commit: str) -> str | None:
+def version_file_of_commit(repo: Path, commit: str) -> str | None:
     """``commit``'s vllm/_version.py (None: it has none), by one plain git process in ``repo`` (a
-    GitPython repository or a git directory)."""
+    working tree or a git directory)."""
     from vllm_overlay import patched_repo
 
-    where = repo if isinstance(repo, Path) else Path(repo.git_dir)
-    status, text, _err = patched_repo.run(where, "show", f"{commit}:{VERSION_FILE}")
+    status, text, _err = patched_repo.run(repo, "show", f"{commit}:{VERSION_FILE}")
     if status != 0:
         return None
     return text[:-1] if text.endswith("\n") else text  # as GitPython gave it: one trailing newline less
@@ -580,7 +579,7 @@ def _obtain_git(store: Store, spec: str) -> Upstream:
         )
     tag = f"upstream/git-{fetched[:12]}"
     repo.git.tag("--force", tag, fetched)
-    version = version_field(version_file_of_commit(repo, fetched), VERSION_RE_IN_FILE)
+    version = version_field(version_file_of_commit(store.upstreams_git, fetched), VERSION_RE_IN_FILE)
     return Upstream(
         kind="git",
         label=f"git-{fetched[:12]}",

@@ -276,6 +276,16 @@ def users_files(directory: Path) -> dict[str, bytes]:
     return {p.relative_to(directory).as_posix(): p.read_bytes() for p in directory.rglob("*") if p.is_file()}
 
 
+def symlinked_upstream(tmp_path: Path, make_patch: PatchMaker) -> tuple[Path, Path]:
+    """A patch of vllm/plugins/hook.py made where vllm/plugins is a directory (the base), and an
+    upstream where vllm/plugins is a symlink to vllm/real (where it is applied): (base, upstream)."""
+    base = write_upstream(tmp_path / "base", extra={"vllm/plugins/hook.py": "hook = 1\n", "vllm/real/hook.py": "x\n"})
+    make_patch(base, lambda t: replace_line(t / "vllm" / "plugins" / "hook.py", "hook = 1\n", "hook = 2\n"), "hook")
+    linked = write_upstream(tmp_path / "linked", extra={"vllm/real/hook.py": "hook = 1\n"})
+    os.symlink("real", linked / "vllm" / "plugins")
+    return base, linked
+
+
 def tree_files(directory: Path) -> dict[str, bytes]:
     return {p.relative_to(directory).as_posix(): p.read_bytes() for p in directory.rglob("*") if p.is_file()}
 

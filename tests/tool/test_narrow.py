@@ -4,13 +4,21 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.tool.helpers import SPDX_HEADER, apply_json, replace_line, reword, run_apply, statuses, write_upstream
+from tests.tool.helpers import (
+    SPDX_HEADER,
+    apply_json,
+    replace_line,
+    reword,
+    run_apply,
+    statuses,
+    symlinked_upstream,
+    write_upstream,
+)
 from vllm_overlay import cli, narrow, series
 
 EXTRA = {f"vllm/untouched/module_{i}.py": f"value = {i}\n" for i in range(6)}
@@ -102,22 +110,12 @@ def test_the_patches_after_a_kept_build_are_applied_on_their_files_alone(
     assert not (second / ".git" / "info" / "sparse-checkout").exists()
 
 
-def _linked_upstream(tmp_path: Path, make_patch) -> tuple[Path, Path]:
-    """A patch of vllm/plugins/hook.py, made where vllm/plugins is a directory, and an upstream where it is
-    a symlink to vllm/real (the base the patch was made on, the upstream it is applied to)."""
-    base = write_upstream(tmp_path / "base", extra={"vllm/plugins/hook.py": "hook = 1\n", "vllm/real/hook.py": "x\n"})
-    make_patch(base, lambda t: replace_line(t / "vllm" / "plugins" / "hook.py", "hook = 1\n", "hook = 2\n"), "hook")
-    linked = write_upstream(tmp_path / "linked", extra={"vllm/real/hook.py": "hook = 1\n"})
-    os.symlink("real", linked / "vllm" / "plugins")
-    return base, linked
-
-
 def test_a_patch_beyond_an_upstream_symlink_is_refused_as_on_a_whole_checkout(
     project, make_patch, store_env, tmp_path, monkeypatch, capsys
 ):
     """A link on a patched path's way leads git's checks and the tool's beyond the touched files (to
     the link's target): such a tree is checked out whole, and the patch is refused exactly as there."""
-    base, linked = _linked_upstream(tmp_path, make_patch)
+    base, linked = symlinked_upstream(tmp_path, make_patch)
     narrowed_or_not: list[bool] = []
     real_narrow = narrow.narrow
 

@@ -11,7 +11,15 @@ from pathlib import Path
 import git
 import pytest
 
-from tests.tool.helpers import IDENTITY, TRAILERS, change_line_20, run_apply, snapshot, write_upstream
+from tests.tool.helpers import (
+    IDENTITY,
+    TRAILERS,
+    change_line_20,
+    run_apply,
+    snapshot,
+    symlinked_upstream,
+    write_upstream,
+)
 from tests.tool.helpers import git as git_
 from vllm_overlay import cli, paths, series
 
@@ -69,10 +77,7 @@ def test_a_patch_beyond_a_directory_symlink_of_the_tree_is_refused_even_with_3wa
 ):
     """git apply refuses a path beyond a symlink; its 3-way merge wrote through it, into the link's
     target: a commit of another path than the patch names. Refused before git runs."""
-    base = write_upstream(tmp_path / "base", extra={"vllm/plugins/hook.py": "hook = 1\n", "vllm/real/hook.py": "x\n"})
-    make_patch(base, lambda t: t.joinpath("vllm", "plugins", "hook.py").write_text("hook = 2\n"), "hook")
-    linked = write_upstream(tmp_path / "linked", extra={"vllm/real/hook.py": "hook = 1\n"})
-    os.symlink("real", linked / "vllm" / "plugins")
+    base, linked = symlinked_upstream(tmp_path, make_patch)
     capsys.readouterr()
     where = ["--project", str(project), "--upstream", str(linked), "--base-upstream", str(base), "--3way"]
     code = cli.main(["apply-patches", *where])
