@@ -470,15 +470,15 @@ def _apply_after(
     seed_base: Callable[[], str | None] | None,
 ) -> list[PatchResult]:
     """Classify and commit the patches after ``shared`` on the staging tree, checked out at its last
-    commit (and perhaps narrowed to the files they touch: widened here once they are applied)."""
+    commit (and perhaps narrowed to the files they touch: the others are written meanwhile)."""
     from vllm_overlay import narrow
 
     mails = write_mails(patches, area.mails)
     faults.phase("checked-out")
-    new = _apply_each(
-        None, area, patches, mails, upstream, options, progress, seed_base, len(shared), shared[-1].commit
-    )
-    narrow.widen(area.tree)
+    with narrow.widened(area.tree, area.owner_fd):
+        new = _apply_each(
+            None, area, patches, mails, upstream, options, progress, seed_base, len(shared), shared[-1].commit
+        )
     return [*shared, *new]
 
 
@@ -494,8 +494,8 @@ def _apply_in(
 ) -> list[PatchResult]:
     """Check out ``upstream`` in the staging area and classify (and commit, where accepted) each patch.
 
-    The checkout is narrowed to what the series touches while it is applied (``narrow``) and
-    widened to the whole upstream after, whatever was accepted: every file is written once.
+    The checkout is narrowed to what the series touches (``narrow``); the other files are written
+    while the series is applied, whatever is accepted: every file is written once.
     """
     from vllm_overlay import narrow, patched_repo
 
@@ -503,9 +503,8 @@ def _apply_in(
     checkout(area.tree, narrow.touched_paths(patches))
     patched_repo.record_upstream(area.tree, upstream.commit, partial=partial)
     faults.phase("checked-out")
-    results = _apply_each(None, area, patches, mails, upstream, options, progress, seed_base, 0, upstream.commit)
-    narrow.widen(area.tree)
-    return results
+    with narrow.widened(area.tree, area.owner_fd):
+        return _apply_each(None, area, patches, mails, upstream, options, progress, seed_base, 0, upstream.commit)
 
 
 def _apply_each(

@@ -185,7 +185,7 @@ class KeptBuilds:
         the shared results (None: no build serves, or git could not use it; ``tree`` is then absent).
 
         Where patches are left to apply, the clone is narrowed to the files they touch (``narrow``):
-        the caller widens it once they are applied.
+        the others are written while they are applied (``narrow.widened``).
         """
         from vllm_overlay import narrow, patched_repo, upstream_trees
 

@@ -1,11 +1,17 @@
-"""A staging tree checked out narrow while the series is applied, and widened to the whole upstream after.
+"""A staging tree checked out narrow while the series is applied, and widened to the whole upstream meanwhile.
 
 A first apply writes the upstream's 8,500 files, then ``git am`` rewrites the index once per
 patch; right after the checkout git takes most of those files for racily clean and reads them
 again. Checked out with git's sparse checkout to only the files the series touches, the patches
 are applied, classified and committed by the same git commands with the same commit ids (their
-checks read only those files and the directories on their way); ``widen`` then writes every
-other file once, from the last commit, and leaves a plain clone: no sparse setting, no pattern
+checks read only those files and the directories on their way).
+
+Every other file is written by ``git checkout-index`` from a private index of the checked-out
+commit less the touched paths, started as the series starts (``widened``): it and the series
+never write the same path, so one core writes the tree while the other applies the series, each
+with one process (two checkout workers on one tree cost this machine's file system more CPU than
+one: docs/speed.md). After both, the private index is brought to the series' last commit as
+``git reset --hard`` would, and becomes the tree's: a plain clone, no sparse setting, no pattern
 file, no skip-worktree entry.
 
 Where a path is one a pattern could not name exactly (a character that sparse patterns read as
@@ -15,8 +21,12 @@ narrowed: the tree is checked out whole, as before.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
-from collections.abc import Iterable
+import subprocess
+import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path, PurePosixPath
 
 from vllm_overlay import paths
@@ -78,20 +88,96 @@ def narrow(tree: Path, commit: str, touched: list[str]) -> bool:
     return True
 
 
-def widen(tree: Path) -> None:
-    """Check out every file of ``tree``'s index that its narrowing left out, and drop the narrowing.
+# The private index, in the clone's git directory while the tree is widened.
+_WIDEN_INDEX = "vllm-overlay-widen-index"
 
-    ``read-tree -mu HEAD`` with the pattern that takes every path: the one-tree merge keeps the
-    index the series left (it is HEAD's after its last commit) and writes the files it marks
-    skipped, with the checkout's own workers. Nothing to do for a tree never narrowed.
-    """
+
+def _private_index(tree: Path) -> Path:
+    return tree / ".git" / _WIDEN_INDEX
+
+
+def _on_private_index(tree: Path, *args: str, stdin: bytes | None = None) -> None:
+    """``git -C tree ARGS`` on the widening's private index; GitError when it fails."""
     from vllm_overlay import patched_repo
 
-    pattern_file = _pattern_file(tree)
-    if not pattern_file.is_file():
+    env = {**os.environ, "GIT_INDEX_FILE": str(_private_index(tree))}
+    done = subprocess.run(["git", "-C", str(tree), *args], env=env, input=stdin, capture_output=True, check=False)
+    if done.returncode != 0:
+        raise patched_repo.GitError(tree, args, done.returncode, done.stderr)
+
+
+class Widening:
+    """The untouched files of a narrowed tree, being written by a git process of their own."""
+
+    def __init__(self, tree: Path, owner_fd: int | None) -> None:
+        """Start writing every file of ``tree``'s HEAD outside its narrowing, with one process.
+
+        ``owner_fd``, the staging area's owner lock, is held by the writer too: a run killed while
+        it writes leaves an area no later run removes under it (``staging.remove_leftovers``).
+        """
+        self.tree = tree
+        narrowed = "".join(f"{line[1:]}\0" for line in _pattern_file(tree).read_text().splitlines())
+        _on_private_index(tree, "read-tree", "HEAD")
+        _on_private_index(tree, "update-index", "--force-remove", "-z", "--stdin", stdin=narrowed.encode())
+        self.process = subprocess.Popen(
+            ["git", "-C", str(tree), "-c", "checkout.workers=1", "checkout-index", "--all", "--force", "-u"],
+            env={**os.environ, "GIT_INDEX_FILE": str(_private_index(tree))},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,  # what it failed to write, the last step writes (below)
+            pass_fds=(owner_fd,) if owner_fd is not None else (),
+        )
+
+    def finish(self) -> None:
+        """Wait for the files, then make the tree a plain clone of its HEAD (the series' last commit).
+
+        ``read-tree --reset -u HEAD`` on the private index, as ``git reset --hard`` would: an entry
+        whose blob is HEAD's and whose file is as written keeps its stat data; every other path of
+        HEAD is written (the touched files again, the few git could not date apart from the index,
+        anything the writer failed to write), and a path HEAD lacks is removed. That index becomes
+        the tree's. It is dated a minute ahead first, as ``apply._copy_index`` dates its copy:
+        else git takes the files written in the index's last second for racily clean and hashes
+        them again. A file written since then (by the series: a merge beyond the touched paths)
+        is a new file, of another inode and date, which git sees without hashing.
+        """
+        from vllm_overlay import patched_repo
+
+        self.process.wait()
+        for key, _value in _SETTINGS:
+            patched_repo.git(self.tree, "config", "--unset", key)
+        _pattern_file(self.tree).unlink()
+        index = _private_index(self.tree)
+        later = time.time() + 60
+        os.utime(index, (later, later))
+        _on_private_index(self.tree, "read-tree", "--reset", "-u", "HEAD")
+        os.replace(index, self.tree / ".git" / "index")
+
+    def stop(self) -> None:
+        """Stop the writer (the run failed or was interrupted: its staging tree is removed next)."""
+        with contextlib.suppress(ProcessLookupError):
+            self.process.kill()
+        self.process.wait()
+
+
+def start_widening(tree: Path, owner_fd: int | None = None) -> Widening | None:
+    """``Widening`` of ``tree``, started; None for a tree never narrowed (it is whole already)."""
+    return Widening(tree, owner_fd) if _pattern_file(tree).is_file() else None
+
+
+@contextlib.contextmanager
+def widened(tree: Path, owner_fd: int | None = None) -> Iterator[None]:
+    """Write ``tree``'s files outside its narrowing while the body runs; a plain clone after it.
+
+    The body must leave the untouched paths alone (it applies the series that named the touched
+    ones); where it raises, the writer is stopped and the tree is left as it is, to be removed.
+    """
+    widening = start_widening(tree, owner_fd)
+    if widening is None:
+        yield
         return
-    pattern_file.write_text("/*\n")
-    patched_repo.git(tree, "read-tree", "-mu", "HEAD")
-    for key, _value in _SETTINGS:
-        patched_repo.git(tree, "config", "--unset", key)
-    pattern_file.unlink()
+    try:
+        yield
+    except BaseException:
+        widening.stop()
+        raise
+    widening.finish()

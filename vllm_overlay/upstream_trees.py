@@ -597,7 +597,7 @@ def checkout(store: Store, upstream: Upstream, dest: Path, only: list[str] | Non
 
     All upstream tags come along, so a 3-way merge finds the blobs a patch was made against even
     when the target is another release. With ``only`` (paths) the checkout may be narrowed to them
-    (``narrow``); ``narrow.widen`` then completes it. Plain git processes: a caller that needs
+    (``narrow``); ``narrow.widened`` completes it. Plain git processes: a caller that needs
     GitPython opens the clone itself (an apply of a clean series never imports it).
     """
     clone_at(store, dest, upstream.commit, only=only)

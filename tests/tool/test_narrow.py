@@ -44,15 +44,16 @@ def _edits(tree: Path) -> None:
 
 @pytest.fixture
 def seen_before_widening(monkeypatch: pytest.MonkeyPatch) -> list[set[str]]:
-    """The files of each staging tree as ``narrow.widen`` finds it (the real widen runs after)."""
+    """The files of each staging tree as the widening finds it, before the series is applied (the
+    real widening starts after)."""
     seen: list[set[str]] = []
-    real_widen = narrow.widen
+    real_start = narrow.start_widening
 
-    def widen(tree: Path) -> None:
+    def start_widening(tree: Path, owner_fd: int | None = None) -> narrow.Widening | None:
         seen.append(_files(tree))
-        real_widen(tree)
+        return real_start(tree, owner_fd)
 
-    monkeypatch.setattr(narrow, "widen", widen)
+    monkeypatch.setattr(narrow, "start_widening", start_widening)
     return seen
 
 
@@ -65,12 +66,12 @@ def test_a_first_apply_checks_out_the_touched_files_alone_and_publishes_the_whol
 
     code, report = run_apply(project, upstream, "--output", str(tmp_path / "narrowed"))
     assert code == 0 and statuses(report) == ["clean", "clean"]
-    assert seen_before_widening == [{"vllm/core.py", "vllm/added/new.py"}]
+    assert seen_before_widening == [{"vllm/core.py"}]  # the module the series adds: not yet
 
     monkeypatch.setattr(narrow, "touched_paths", lambda patches: None)  # the whole checkout, as before
     code, report = run_apply(project, upstream, "--output", str(tmp_path / "whole"), "--rebuild")
     assert code == 0 and statuses(report) == ["clean", "clean"]
-    assert len(seen_before_widening) == 2 and len(seen_before_widening[1]) > 2 + len(EXTRA)
+    assert len(seen_before_widening) == 2 and len(seen_before_widening[1]) > 1 + len(EXTRA)
 
     narrowed, whole = tmp_path / "narrowed", tmp_path / "whole"
     assert _git(narrowed, "rev-parse", "HEAD") == _git(whole, "rev-parse", "HEAD")
@@ -154,3 +155,56 @@ def test_paths_a_pattern_would_read_otherwise_leave_the_checkout_whole():
         assert narrow.touched_paths([_patch("vllm/core.py"), _patch(odd)]) is None, odd
     assert narrow.touched_paths([_patch("../outside.py")]) is None  # refused later, on a whole checkout
     assert narrow.touched_paths([]) is None
+
+
+def test_files_the_writer_failed_to_write_are_written_before_publishing(
+    project, make_patch, store_env, tmp_path, monkeypatch
+):
+    """The writer of the untouched files writes nothing (it fails at once): the last step of the
+    widening writes every file it left out, and the tree is whole and clean."""
+    upstream = write_upstream(tmp_path / "up", extra=EXTRA)
+    make_patch(upstream, _edits, "core: change line 20 and add a module")
+    real_popen = subprocess.Popen
+
+    writers: list[subprocess.Popen] = []
+
+    def failing_writer(argv, **kwargs):  # the writer fails; every other git process runs as it is
+        if "checkout-index" not in argv:
+            return real_popen(argv, **kwargs)
+        writers.append(real_popen(["git", "checkout-index", "--no-such-option"], **kwargs))
+        return writers[-1]
+
+    monkeypatch.setattr(subprocess, "Popen", failing_writer)
+    code, report = run_apply(project, upstream, "--output", str(tmp_path / "out"))
+    assert code == 0 and statuses(report) == ["clean"]
+    assert len(writers) == 1 and writers[0].returncode == 129  # git's answer to an unknown option
+    out = tmp_path / "out"
+    assert _files(out) >= {f"vllm/untouched/module_{i}.py" for i in range(6)} | {"vllm/added/new.py"}
+    assert (out / "vllm" / "untouched" / "module_3.py").read_text() == "value = 3\n"
+    assert _git(out, "status", "--porcelain", "--ignored") == ""
+
+
+def test_the_writer_is_stopped_when_the_series_fails(project, make_patch, store_env, tmp_path, monkeypatch):
+    """A run that fails while the untouched files are being written stops their writer before its
+    staging tree is removed (nothing keeps writing into a removed tree)."""
+    from vllm_overlay import apply
+
+    upstream = write_upstream(tmp_path / "up", extra=EXTRA)
+    make_patch(upstream, _edits, "core: change line 20 and add a module")
+    started: list[narrow.Widening] = []
+    real_start = narrow.start_widening
+
+    def start_widening(tree: Path, owner_fd: int | None = None) -> narrow.Widening | None:
+        started.append(real_start(tree, owner_fd))
+        return started[-1]
+
+    def failing_series(*args, **kwargs):
+        raise RuntimeError("the series failed")
+
+    monkeypatch.setattr(narrow, "start_widening", start_widening)
+    monkeypatch.setattr(apply, "_apply_each", failing_series)
+    with pytest.raises(RuntimeError, match="the series failed"):
+        run_apply(project, upstream, "--output", str(tmp_path / "out"))
+    assert len(started) == 1 and started[0] is not None
+    assert started[0].process.returncode is not None  # waited for: it no longer runs
+    assert not (tmp_path / "out").exists()
