@@ -7,9 +7,10 @@ The plain helpers the fixtures use live in helpers.py, which tests import direct
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -25,11 +26,15 @@ from tests.tool.helpers import (
 )
 
 
-@pytest.fixture
-def store_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+@pytest.fixture(autouse=True)
+def store_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The tool's cache of this test: every test gets its own, so none writes into the developer's
+    (an upstream imported from a test's directory stayed there for good, and every later clone
+    of the cache linked it). A test that undid it meanwhile (``monkeypatch.undo()``) fails."""
     cache = tmp_path / "cache"
     monkeypatch.setenv("VLLM_OVERLAY_CACHE", str(cache))
-    return cache
+    yield cache
+    assert os.environ.get("VLLM_OVERLAY_CACHE") == str(cache), "its cache was undone: use monkeypatch.context()"
 
 
 @pytest.fixture

@@ -240,9 +240,9 @@ def test_one_git_apply_of_a_stretch_gives_each_patch_its_own_hunk_notes(
     def not_in_turn(*args):
         raise AssertionError("the stretch applied together: no patch is checked alone")
 
-    monkeypatch.setattr(apply, "_apply_cached_in_turn", not_in_turn)
-    together = run_apply(project, shifted, "--allow-offset", "--output", str(tmp_path / "together"), base=upstream)
-    monkeypatch.undo()
+    with monkeypatch.context() as patched:  # undoes its own change alone (the test's cache stays set)
+        patched.setattr(apply, "_apply_cached_in_turn", not_in_turn)
+        together = run_apply(project, shifted, "--allow-offset", "--output", str(tmp_path / "together"), base=upstream)
     monkeypatch.setattr(apply, "_clean_run", lambda *args: [])
     alone = run_apply(project, shifted, "--allow-offset", "--output", str(tmp_path / "alone"), base=upstream)
     notes = [[str(h["file"]) + " " + h["note"] for h in p["hunks"]] for p in together[1]["patches"]]
