@@ -70,9 +70,11 @@ SETTINGS = (
     ("trailer.ifmissing", "add"),
     ("trailer.where", "end"),
     ("trailer.separators", ":"),
-    # A checkout of the 8,500 upstream files writes them with one worker per core (git's parallel
-    # checkout; the files are the same): a new output's checkout is most of a full apply's time.
-    ("checkout.workers", "0"),
+    # One process writes a tree, as git's own default and the hand way do: a second checkout worker
+    # on one tree cost this machine's file system 0.15-0.4 s more CPU for the same 8,500 files and
+    # gave back no wall time on a quiet disk (docs/speed.md, 2026-12-05, fifth round). A first
+    # apply still uses both cores: one writes the tree while the other applies the series (narrow).
+    ("checkout.workers", "1"),
 )
 _IDENTITY_KEYS = ("user.name", "user.email")
 
