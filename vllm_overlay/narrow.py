@@ -96,11 +96,15 @@ def _private_index(tree: Path) -> Path:
     return tree / ".git" / _WIDEN_INDEX
 
 
+def _private_index_env(tree: Path) -> dict[str, str]:
+    return {**os.environ, "GIT_INDEX_FILE": str(_private_index(tree))}
+
+
 def _on_private_index(tree: Path, *args: str, stdin: bytes | None = None) -> None:
     """``git -C tree ARGS`` on the widening's private index; GitError when it fails."""
     from vllm_overlay import patched_repo
 
-    env = {**os.environ, "GIT_INDEX_FILE": str(_private_index(tree))}
+    env = _private_index_env(tree)
     done = subprocess.run(["git", "-C", str(tree), *args], env=env, input=stdin, capture_output=True, check=False)
     if done.returncode != 0:
         raise patched_repo.GitError(tree, args, done.returncode, done.stderr)
@@ -121,7 +125,7 @@ class Widening:
         _on_private_index(tree, "update-index", "--force-remove", "-z", "--stdin", stdin=narrowed.encode())
         self.process = subprocess.Popen(
             ["git", "-C", str(tree), "-c", "checkout.workers=1", "checkout-index", "--all", "--force", "-u"],
-            env={**os.environ, "GIT_INDEX_FILE": str(_private_index(tree))},
+            env=_private_index_env(tree),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,  # what it failed to write, the last step writes (below)
@@ -137,8 +141,8 @@ class Widening:
         anything the writer failed to write), and a path HEAD lacks is removed. That index becomes
         the tree's. It is dated a minute ahead first, as ``apply._copy_index`` dates its copy:
         else git takes the files written in the index's last second for racily clean and hashes
-        them again. A file written since then (by the series: a merge beyond the touched paths)
-        is a new file, of another inode and date, which git sees without hashing.
+        them again. A file anything else wrote since is a new file (git writes a new file and
+        renames it over the path), of another inode and date, which git sees without hashing.
         """
         from vllm_overlay import patched_repo
 
@@ -169,7 +173,8 @@ def widened(tree: Path, owner_fd: int | None = None) -> Iterator[None]:
     """Write ``tree``'s files outside its narrowing while the body runs; a plain clone after it.
 
     The body must leave the untouched paths alone (it applies the series that named the touched
-    ones); where it raises, the writer is stopped and the tree is left as it is, to be removed.
+    ones). Where it or the finish raises (an interrupt included), the writer is stopped first: the
+    tree is left as it is, to be removed.
     """
     widening = start_widening(tree, owner_fd)
     if widening is None:
@@ -177,7 +182,7 @@ def widened(tree: Path, owner_fd: int | None = None) -> Iterator[None]:
         return
     try:
         yield
+        widening.finish()
     except BaseException:
         widening.stop()
         raise
-    widening.finish()
