@@ -7,7 +7,6 @@ The plain helpers the fixtures use live in helpers.py, which tests import direct
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 from collections.abc import Callable, Iterator
@@ -27,14 +26,15 @@ from tests.tool.helpers import (
 
 
 @pytest.fixture(autouse=True)
-def store_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+def store_env(tmp_path: Path) -> Iterator[Path]:
     """The tool's cache of this test: every test gets its own, so none writes into the developer's
     (an upstream imported from a test's directory stayed there for good, and every later clone
-    of the cache linked it). A test that undid it meanwhile (``monkeypatch.undo()``) fails."""
+    of the cache linked it). Set by a MonkeyPatch of its own: a test's ``monkeypatch.undo()``
+    undoes the test's changes, not this one; a test may still point the variable elsewhere."""
     cache = tmp_path / "cache"
-    monkeypatch.setenv("VLLM_OVERLAY_CACHE", str(cache))
-    yield cache
-    assert os.environ.get("VLLM_OVERLAY_CACHE") == str(cache), "its cache was undone: use monkeypatch.context()"
+    with pytest.MonkeyPatch.context() as own:
+        own.setenv("VLLM_OVERLAY_CACHE", str(cache))
+        yield cache
 
 
 @pytest.fixture
