@@ -165,7 +165,6 @@ def test_files_the_writer_failed_to_write_are_written_before_publishing(
     upstream = write_upstream(tmp_path / "up", extra=EXTRA)
     make_patch(upstream, _edits, "core: change line 20 and add a module")
     real_popen = subprocess.Popen
-
     writers: list[subprocess.Popen] = []
 
     def failing_writer(argv, **kwargs):  # the writer fails; every other git process runs as it is
@@ -191,7 +190,7 @@ def test_the_writer_is_stopped_when_the_series_fails(project, make_patch, store_
 
     upstream = write_upstream(tmp_path / "up", extra=EXTRA)
     make_patch(upstream, _edits, "core: change line 20 and add a module")
-    started: list[narrow.Widening] = []
+    started: list[narrow.Widening | None] = []
     real_start = narrow.start_widening
 
     def start_widening(tree: Path, owner_fd: int | None = None) -> narrow.Widening | None:
