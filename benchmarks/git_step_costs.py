@@ -46,6 +46,8 @@ from pathlib import Path
 
 from speed_tool_vs_git import series_files, store_repo, upstream_tag  # this folder: the same cache
 
+from vllm_overlay import patched_repo  # importable once speed_tool_vs_git put the checkout on the path
+
 REPO = Path(__file__).resolve().parents[1]
 STATUS = ["status", "--porcelain=v2", "--branch", "--untracked-files=all", "--no-renames"]
 UNTRACKED_CACHE = ["-c", "core.untrackedCache=true", "-c", "status.showUntrackedFiles=all"]
@@ -201,8 +203,7 @@ def main() -> None:
                 subprocess.run(clone_and_checkout(fresh, "0"), check=True)
                 shutil.copyfile(fresh / ".git" / "index", copied_index)
                 if dated_ahead:
-                    later = time.time() + 60
-                    os.utime(copied_index, (later, later))
+                    patched_repo.date_ahead(copied_index)  # as the apply engine dates its copy
                 env = {**os.environ, "GIT_INDEX_FILE": str(copied_index)}
                 return timed(["git", "-C", str(fresh), "apply", "--cached", "--verbose", *series_files(REPO)], env)
 

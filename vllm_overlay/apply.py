@@ -10,11 +10,9 @@ never leaves a half-applied tree behind and the next run removes whatever a kill
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import shutil
 import threading  # loaded with subprocess anyway
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -641,9 +639,10 @@ def _copy_index(tree: Path, index_file: Path) -> None:
     apply --cached`` alone, which never looks at the working tree, and then thrown away: the date
     decides no status, of this tree or any other.
     """
+    from vllm_overlay import patched_repo
+
     shutil.copyfile(tree / ".git" / "index", index_file)
-    later = time.time() + 60
-    os.utime(index_file, (later, later))
+    patched_repo.date_ahead(index_file)
 
 
 APPLIED_RE = re.compile(r"^Applied patch .+ (?:cleanly|with conflicts)\.$")

@@ -25,7 +25,6 @@ import contextlib
 import os
 import re
 import subprocess
-import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path, PurePosixPath
 
@@ -82,7 +81,7 @@ def narrow(tree: Path, commit: str, touched: list[str]) -> bool:
             return False
     pattern_file = _pattern_file(tree)
     pattern_file.parent.mkdir(parents=True, exist_ok=True)
-    pattern_file.write_text("".join(f"/{name}\n" for name in sorted(touched_set)))
+    pattern_file.write_text("".join(f"/{name}\n" for name in sorted(touched_set)))  # read by _narrowed_paths
     for key, value in _SETTINGS:
         patched_repo.git(tree, "config", key, value)
     return True
@@ -96,18 +95,14 @@ def _private_index(tree: Path) -> Path:
     return tree / ".git" / _WIDEN_INDEX
 
 
-def _private_index_env(tree: Path) -> dict[str, str]:
-    return {**os.environ, "GIT_INDEX_FILE": str(_private_index(tree))}
+def _on_private_index(tree: Path) -> dict[str, str]:
+    """What a git process adds to its environment to work on the widening's private index."""
+    return {"GIT_INDEX_FILE": str(_private_index(tree))}
 
 
-def _on_private_index(tree: Path, *args: str, stdin: bytes | None = None) -> None:
-    """``git -C tree ARGS`` on the widening's private index; GitError when it fails."""
-    from vllm_overlay import patched_repo
-
-    env = _private_index_env(tree)
-    done = subprocess.run(["git", "-C", str(tree), *args], env=env, input=stdin, capture_output=True, check=False)
-    if done.returncode != 0:
-        raise patched_repo.GitError(tree, args, done.returncode, done.stderr)
+def _narrowed_paths(tree: Path) -> list[str]:
+    """The paths ``narrow`` wrote into the pattern file (each as ``/PATH``)."""
+    return [line[1:] for line in _pattern_file(tree).read_text().splitlines()]
 
 
 class Widening:
@@ -119,13 +114,17 @@ class Widening:
         ``owner_fd``, the staging area's owner lock, is held by the writer too: a run killed while
         it writes leaves an area no later run removes under it (``staging.remove_leftovers``).
         """
+        from vllm_overlay import patched_repo
+
         self.tree = tree
-        narrowed = "".join(f"{line[1:]}\0" for line in _pattern_file(tree).read_text().splitlines())
-        _on_private_index(tree, "read-tree", "HEAD")
-        _on_private_index(tree, "update-index", "--force-remove", "-z", "--stdin", stdin=narrowed.encode())
+        private = _on_private_index(tree)
+        narrowed = "".join(f"{name}\0" for name in _narrowed_paths(tree))
+        patched_repo.git(tree, "read-tree", "HEAD", env=private)
+        patched_repo.git(tree, "update-index", "--force-remove", "-z", "--stdin", stdin=narrowed.encode(), env=private)
         self.process = subprocess.Popen(
+            # One process whatever the settings say: the other core applies the series meanwhile.
             ["git", "-C", str(tree), "-c", "checkout.workers=1", "checkout-index", "--all", "--force", "-u"],
-            env=_private_index_env(tree),
+            env={**os.environ, **private},
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,  # what it failed to write, the last step writes (below)
@@ -139,10 +138,10 @@ class Widening:
         whose blob is HEAD's and whose file is as written keeps its stat data; every other path of
         HEAD is written (the touched files again, the few git could not date apart from the index,
         anything the writer failed to write), and a path HEAD lacks is removed. That index becomes
-        the tree's. It is dated a minute ahead first, as ``apply._copy_index`` dates its copy:
-        else git takes the files written in the index's last second for racily clean and hashes
-        them again. A file anything else wrote since is a new file (git writes a new file and
-        renames it over the path), of another inode and date, which git sees without hashing.
+        the tree's. It is dated a minute ahead first (``patched_repo.date_ahead``): else git takes
+        the files written in the index's last moments for racily clean and hashes them again. A
+        file anything else wrote since is a new file (git writes a new file and renames it over
+        the path), of another inode and date, which git sees without hashing.
         """
         from vllm_overlay import patched_repo
 
@@ -151,9 +150,8 @@ class Widening:
             patched_repo.git(self.tree, "config", "--unset", key)
         _pattern_file(self.tree).unlink()
         index = _private_index(self.tree)
-        later = time.time() + 60
-        os.utime(index, (later, later))
-        _on_private_index(self.tree, "read-tree", "--reset", "-u", "HEAD")
+        patched_repo.date_ahead(index)
+        patched_repo.git(self.tree, "read-tree", "--reset", "-u", "HEAD", env=_on_private_index(self.tree))
         os.replace(index, self.tree / ".git" / "index")
 
     def stop(self) -> None:

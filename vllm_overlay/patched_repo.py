@@ -20,6 +20,7 @@ from __future__ import annotations
 import codecs
 import os
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, overload
@@ -62,15 +63,53 @@ class NoUpstream(InputError, RuntimeError):
 
 
 @overload
-def git(repo: Path | str, *args: str, binary: Literal[False] = False, stdin: bytes | None = None) -> str: ...
+def git(
+    repo: Path | str,
+    *args: str,
+    binary: Literal[False] = False,
+    stdin: bytes | None = None,
+    env: Mapping[str, str] | None = None,
+) -> str: ...
 @overload
-def git(repo: Path | str, *args: str, binary: Literal[True], stdin: bytes | None = None) -> bytes: ...
-def git(repo: Path | str, *args: str, binary: bool = False, stdin: bytes | None = None) -> str | bytes:
-    """``git -C repo ARGS``: its stdout (text unless ``binary``); GitError when it fails."""
-    result = subprocess.run(["git", "-C", str(repo), *args], input=stdin, capture_output=True, check=False)
+def git(
+    repo: Path | str,
+    *args: str,
+    binary: Literal[True],
+    stdin: bytes | None = None,
+    env: Mapping[str, str] | None = None,
+) -> bytes: ...
+def git(
+    repo: Path | str,
+    *args: str,
+    binary: bool = False,
+    stdin: bytes | None = None,
+    env: Mapping[str, str] | None = None,
+) -> str | bytes:
+    """``git -C repo ARGS``: its stdout (text unless ``binary``); GitError when it fails.
+
+    ``env`` is added to this process's environment (``GIT_INDEX_FILE`` for a private index)."""
+    result = subprocess.run(
+        ["git", "-C", str(repo), *args],
+        input=stdin,
+        capture_output=True,
+        check=False,
+        env={**os.environ, **env} if env else None,
+    )
     if result.returncode != 0:
         raise GitError(Path(repo), args, result.returncode, result.stderr)
     return result.stdout if binary else result.stdout.decode()
+
+
+def date_ahead(index_file: Path) -> None:
+    """Date a private index a minute ahead of now.
+
+    git takes an entry whose file is as new as the index (to its timestamp) for one that may have
+    changed unseen ("racily clean"), and hashes that file again whenever it reads or writes the
+    index: right after a checkout, most of the tree. Only for an index whose files nothing but git
+    wrote since it recorded them (a copy made just now, a checkout's own), read by this run alone.
+    """
+    later = time.time() + 60
+    os.utime(index_file, (later, later))
 
 
 def run(
