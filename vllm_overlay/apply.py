@@ -29,7 +29,7 @@ from vllm_overlay.classify import (
     classify,
 )
 from vllm_overlay.errors import InputError
-from vllm_overlay.series import Patch, as_git_am_reads
+from vllm_overlay.series import Patch, as_git_am_reads, parse_all_trailers
 from vllm_overlay.upstream_trees import Upstream
 
 if TYPE_CHECKING:  # GitPython is imported where a tree is built: an unchanged re-apply never needs it
@@ -153,6 +153,43 @@ def _mail_with_trailer(tree: Path, patch: Patch, mail: Path) -> Path:
     shutil.copyfile(mail, with_trailer)
     patched_repo.git(tree, "interpret-trailers", "--in-place", _trailer_option(patch), str(with_trailer))
     return with_trailer
+
+
+# A value no patch file holds: the one ``--trailer`` of a batch, replaced by each patch's name (below).
+_NAME_PLACEHOLDER = "vllm-overlay-patch-file-name-placeholder-0f4c2a9e"
+
+
+def _mails_with_trailer(tree: Path, patches: list[Patch], mails: list[Path]) -> list[Path]:
+    """``_mail_with_trailer`` of each of ``patches`` (every one with a trailer block), one git process for all.
+
+    One ``interpret-trailers --in-place`` takes one ``--trailer`` for every file, so it adds
+    ``Patch-File: <placeholder>``: git decides where the trailer goes, as for one mail, and the
+    line it wrote then gets the patch's name for the placeholder. A patch whose last trailer is a
+    ``Patch-File`` already, or whose copy does not hold the line exactly once, is given its trailer
+    alone: git's ``addIfDifferentNeighbor`` compares the value there, which the placeholder is not.
+    """
+    from vllm_overlay import patched_repo
+
+    copies: dict[int, Path] = {}
+    for number, (patch, mail) in enumerate(zip(patches, mails, strict=True)):
+        last_key = patch.trailers[-1][0].lower() if patch.trailers else ""
+        if last_key != patched_repo.PATCH_FILE_TRAILER.lower():
+            copies[number] = mail.with_name(mail.name + ".commit")
+            shutil.copyfile(mail, copies[number])
+    if copies:
+        placeholder = f"--trailer={patched_repo.patch_file_trailer(_NAME_PLACEHOLDER)}"
+        patched_repo.git(tree, "interpret-trailers", "--in-place", placeholder, *map(str, copies.values()))
+    written = patched_repo.patch_file_trailer(_NAME_PLACEHOLDER).encode() + b"\n"
+    result: list[Path] = []
+    for number, (patch, mail) in enumerate(zip(patches, mails, strict=True)):
+        copy = copies.get(number)
+        text = copy.read_bytes() if copy else b""
+        if copy is None or text.count(written) != 1 or mail.read_bytes().count(_NAME_PLACEHOLDER.encode()):
+            result.append(_mail_with_trailer(tree, patch, mail))
+            continue
+        copy.write_bytes(text.replace(written, patched_repo.patch_file_trailer(patch.name).encode() + b"\n"))
+        result.append(copy)
+    return result
 
 
 def _committer_env(patch: Patch) -> dict[str, str]:
@@ -526,6 +563,7 @@ def _apply_each(
     """
     seeded = False
     tree_root = area.tree
+    parse_all_trailers(patches[start:])  # one git process for the series, not one a patch
     results: list[PatchResult] = []
     index = start
     while index < len(patches):
@@ -721,11 +759,8 @@ def commit_run(tree: Path, patches: list[Patch], mails: list[Path], head: str) -
         while last < len(patches) and committers[last] == committers[first]:
             last += 1
         name, email = committers[first]
-        with_trailers = [
-            str(_mail_with_trailer(tree, patch, mail))
-            for patch, mail in zip(patches[first:last], mails[first:last], strict=True)
-        ]
-        am = ["am", "--quiet", "--keep-cr", "--committer-date-is-author-date", *with_trailers]
+        with_trailers = _mails_with_trailer(tree, patches[first:last], mails[first:last])
+        am = ["am", "--quiet", "--keep-cr", "--committer-date-is-author-date", *map(str, with_trailers)]
         status, _out, err = patched_repo.run(tree, *am, env={"GIT_COMMITTER_NAME": name, "GIT_COMMITTER_EMAIL": email})
         if status != 0:
             raise patched_repo.GitError(tree, tuple(am), status, err.encode())

@@ -19,6 +19,7 @@ from vllm_overlay.series import (
     Patch,
     SeriesError,
     load_patch,
+    parse_all_trailers,
     read_series,
     tests_path_problems,
 )
@@ -121,11 +122,16 @@ def lint(repo_root: Path, patches_dir: Path, tree: Path | None = None) -> list[s
     on_disk = {p.relative_to(patches_dir).as_posix() for p in patches_dir.rglob("*.patch")}
     for name in sorted(on_disk - set(counts)):
         problems.append(f"patches/{name}: not listed in {SERIES_FILE}")
+    loaded: dict[str, Patch | str] = {}
     for name in counts:
         try:
-            patch = load_patch(patches_dir, name)
+            loaded[name] = load_patch(patches_dir, name)
         except (SeriesError, UnicodeDecodeError) as exc:
-            problems.append(f"patches/{name}: {exc}")
+            loaded[name] = str(exc)
+    parse_all_trailers([patch for patch in loaded.values() if isinstance(patch, Patch)])  # one git process
+    for name, patch in loaded.items():
+        if not isinstance(patch, Patch):
+            problems.append(f"patches/{name}: {patch}")
             continue
         where = f"patches/{name}"
         present = {key.lower() for key, _ in patch.trailers}

@@ -226,17 +226,40 @@ def render_series(names: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+PARSE_TRAILERS = ("git", "interpret-trailers", "--parse", "--no-divider")
+
+
 def parse_trailers(message: str) -> list[tuple[str, str]]:
     """Trailers of a commit message, parsed by git itself."""
-    result = subprocess.run(
-        ["git", "interpret-trailers", "--parse", "--no-divider"],
-        input=message,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    result = subprocess.run(PARSE_TRAILERS, input=message.encode("utf-8"), capture_output=True, check=True)
+    return _trailer_pairs(result.stdout.decode("utf-8"))
+
+
+def parse_all_trailers(patches: Sequence[Patch]) -> None:
+    """Parse the trailers of every patch in ``patches`` not parsed yet, with one git process.
+
+    The same parser ``Patch.trailers`` runs on one message, given every message as a file of its
+    own (``--in-place``: each file then holds its own trailers); a series costs one process, not
+    one a patch.
+    """
+    unparsed = [patch for patch in patches if patch._trailers is None]
+    if len(unparsed) < 2:
+        return  # Patch.trailers parses one on first use
+    import tempfile  # here: a re-apply of the last patch alone never needs it
+
+    with tempfile.TemporaryDirectory(prefix="vllm-overlay-trailers-") as tmp:
+        files = [Path(tmp) / str(number) for number in range(len(unparsed))]
+        for patch, file in zip(unparsed, files, strict=True):
+            file.write_bytes(patch.message.encode("utf-8"))
+        subprocess.run([*PARSE_TRAILERS, "--in-place", *map(str, files)], capture_output=True, check=True)
+        for patch, file in zip(unparsed, files, strict=True):
+            patch._trailers = _trailer_pairs(file.read_bytes().decode("utf-8"))
+
+
+def _trailer_pairs(parsed: str) -> list[tuple[str, str]]:
+    """(key, value) of each line ``git interpret-trailers --parse`` printed."""
     pairs: list[tuple[str, str]] = []
-    for line in result.stdout.splitlines():
+    for line in parsed.splitlines():
         key, sep, value = line.partition(":")
         if sep:
             pairs.append((key.strip(), value.strip()))

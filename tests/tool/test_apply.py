@@ -10,7 +10,7 @@ import git
 import pytest
 
 from tests.tool.helpers import change_line_20, replace_line, run_apply, statuses, write_upstream
-from vllm_overlay import apply, cli, series
+from vllm_overlay import apply, cli, patched_repo, series
 
 
 def variant(tmp_path: Path, name: str, edit) -> Path:
@@ -273,3 +273,38 @@ def test_headers_are_read_as_git_am_reads_them(project, make_patch, upstream_dir
     assert commit.summary == "core: change line 20"
     assert commit.author.name == commit.committer.name == "Jörg Test"
     assert commit.committed_datetime == commit.authored_datetime
+
+
+def test_the_patch_file_trailers_of_a_stretch_are_the_ones_git_adds_to_each_mail_alone(
+    make_patch, upstream_dir, tmp_path, monkeypatch
+):
+    """One ``interpret-trailers`` for a stretch gives each copy the bytes git gives that mail alone:
+    among them a mail whose last trailer is already its own ``Patch-File`` (git adds none) and one
+    whose last is another patch's (git adds one)."""
+    made = make_patch(upstream_dir, change_line_20, "core: change line 20")
+    raw = made.read_bytes()
+    last = b"Targets: vllm.core:value\n"
+    own = raw.replace(last, last + b"Patch-File: demo/p1.patch\n")
+    other = raw.replace(last, last + b"Patch-File: demo/elsewhere.patch\n")
+    patches = [series.Patch(path=made, name=f"demo/p{n}.patch", raw=r) for n, r in enumerate((raw, own, other, raw))]
+    series.parse_all_trailers(patches)
+    (tmp_path / "alone").mkdir()
+    (tmp_path / "together").mkdir()
+    alone = [
+        apply._mail_with_trailer(tmp_path, patch, mail)
+        for patch, mail in zip(patches, apply.write_mails(patches, tmp_path / "alone"), strict=True)
+    ]
+    mails = apply.write_mails(patches, tmp_path / "together")
+    started: list[tuple[str, ...]] = []
+    real_git = patched_repo.git
+
+    def counted(tree: Path, *args: str, **kwargs: object) -> str:
+        started.append(args)
+        return real_git(tree, *args, **kwargs)
+
+    monkeypatch.setattr(patched_repo, "git", counted)
+    together = apply._mails_with_trailer(tmp_path, patches, mails)
+    assert [mail.read_bytes() for mail in together] == [mail.read_bytes() for mail in alone]
+    assert [args[0] for args in started] == ["interpret-trailers"] * 3  # p0 and p3 together, p1 and p2 alone
+    assert alone[1].read_bytes().count(b"Patch-File: demo/p1.patch\n") == 1
+    assert b"Patch-File: demo/elsewhere.patch\nPatch-File: demo/p2.patch\n" in alone[2].read_bytes()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
 from tests.tool.helpers import change_line_20
@@ -83,3 +85,35 @@ def test_a_mail_git_mailinfo_cannot_read_is_a_series_error_naming_it(project, ma
     monkeypatch.setattr(series.subprocess, "run", failing_mailinfo)
     with pytest.raises(series.SeriesError, match=r"core-change-line-20.patch: git mailinfo cannot read .*fatal"):
         series.load_series(project / "patches")
+
+
+def test_the_trailers_of_a_series_come_from_one_git_process_as_each_patch_reads_its_own(
+    project, make_patch, upstream_dir, monkeypatch
+):
+    """``parse_all_trailers`` gives each patch what ``Patch.trailers`` gives it alone (git's parser:
+    a folded value joined, a message without a trailer block empty), with one git process."""
+    made = make_patch(upstream_dir, change_line_20, "core: change line 20")
+    raw = made.read_bytes()
+    folded = raw.replace(b"Series: demo\n", b"Series: demo\n  and more\n")
+    text = raw.decode()
+    bare = text.replace(text[text.index("Description: ") : text.index("\n---\n")], "No trailer block.").encode()
+
+    def loaded() -> list[series.Patch]:
+        return [series.Patch(path=made, name=f"demo/{n}.patch", raw=r) for n, r in enumerate((raw, folded, bare))]
+
+    alone = [patch.trailers for patch in loaded()]
+    together = loaded()
+    for patch in together:
+        patch.parsed()  # the mail's own git process (mailinfo), not counted below
+    started: list[list[str]] = []
+    real_run = subprocess.run
+
+    def counted(argv: list[str], *args: object, **kwargs: object) -> subprocess.CompletedProcess:
+        started.append(list(argv))
+        return real_run(argv, *args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "run", counted)
+    series.parse_all_trailers(together)
+    assert [patch.trailers for patch in together] == alone
+    assert [argv[:2] for argv in started] == [["git", "interpret-trailers"]]
+    assert ("Series", "demo and more") in alone[1] and alone[2] == [] and ("Series", "demo") in alone[0]
