@@ -8,7 +8,7 @@ whole series the cache keeps them:
 
     <cache>/kept-builds/<head>.json    the published tree's apply record (inputs, results, HEAD)
     <cache>/kept-builds/<head>.pack    the objects of upstream..HEAD (the commits, their new trees
-    <cache>/kept-builds/<head>.idx     and blobs): a few hundred, one pack without deltas
+    <cache>/kept-builds/<head>.idx     and blobs): a few hundred, one pack, stored without deltas or deflation
 
 A later apply with the same inputs whose output and spare cannot serve it takes the kept build
 that shares the most leading patches with the run (the patch files compared byte for byte, as
@@ -225,8 +225,11 @@ class KeptBuilds:
         try:
             shutil.rmtree(work, ignore_errors=True)
             work.mkdir(parents=True)
+            # Stored, not deflated: a few hundred objects (1.5 MB for this project's series, 0.47 MB
+            # deflated) for ~30 ms less CPU in the build that keeps them; the cache keeps LIMIT builds.
             name = _git(
-                "-C", str(tree), "pack-objects", "--revs", "--window=0", "--depth=0", "-q", f"{work}/pack",
+                "-C", str(tree), "-c", "pack.compression=0",
+                "pack-objects", "--revs", "--window=0", "--depth=0", "-q", f"{work}/pack",
                 stdin=f"{head}\n^{self.upstream_commit}\n",
             )  # fmt: skip
             pack, index = kept / f"{head}.pack", kept / f"{head}.idx"
