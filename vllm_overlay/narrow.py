@@ -14,6 +14,10 @@ one: docs/speed.md). After both, the private index is brought to the series' las
 ``git reset --hard`` would, and becomes the tree's: a plain clone, no sparse setting, no pattern
 file, no skip-worktree entry.
 
+The sparse settings live in a file of their own that the clone's config includes, so that one
+``git config`` adds them and one removes them; the private index is made from the listing of the
+commit that ``narrow`` reads anyway (``update-index --index-info``), not from its trees again.
+
 Where a path is one a pattern could not name exactly (a character that sparse patterns read as
 special), or the upstream holds a link or a file on a touched path's way (``narrow``), nothing is
 narrowed: the tree is checked out whole, as before.
@@ -33,7 +37,7 @@ from vllm_overlay.series import Patch
 
 # Characters a sparse-checkout pattern (gitignore syntax) reads literally anywhere in a path.
 _PLAIN_PATH = re.compile(r"[A-Za-z0-9_.,+=@%~/-]+")
-_LINK_MODES = ("120000", "160000")  # a symlink, a submodule
+_LINK_MODES = (b"120000", b"160000")  # a symlink, a submodule
 # Patterns read as plain gitignore lines (not cone mode); no lstat of every skipped entry at each
 # index read (git checks there whether a skipped file appeared): nothing writes them meanwhile.
 _SETTINGS = (
@@ -62,6 +66,21 @@ def _pattern_file(tree: Path) -> Path:
     return tree / ".git" / "info" / "sparse-checkout"
 
 
+# In the clone's git directory while it is narrowed: the sparse settings (included by its config)
+# and the entries of the checked-out commit outside the narrowing (``ls-tree -r -z`` lines).
+_SETTINGS_FILE = "vllm-overlay-sparse.config"
+_UNTOUCHED_FILE = "vllm-overlay-untouched"
+
+
+def _settings_text() -> str:
+    """``_SETTINGS`` as a git config file (constant names and values: nothing to quote)."""
+    sections: dict[str, list[str]] = {}
+    for key, value in _SETTINGS:
+        section, name = key.split(".")
+        sections.setdefault(section, []).append(f"\t{name} = {value}\n")
+    return "".join(f"[{section}]\n" + "".join(lines) for section, lines in sections.items())
+
+
 def narrow(tree: Path, commit: str, touched: list[str]) -> bool:
     """Make the clone ``tree`` (not yet checked out) check out only ``touched`` of ``commit``; False
     (nothing changed: the checkout stays whole) where ``commit`` holds a symlink or submodule at a
@@ -72,18 +91,23 @@ def narrow(tree: Path, commit: str, touched: list[str]) -> bool:
     """
     from vllm_overlay import patched_repo
 
-    touched_set = set(touched)
-    ancestors = {str(parent) for name in touched for parent in PurePosixPath(name).parents if str(parent) != "."}
-    listing = patched_repo.git(tree, "ls-tree", "-r", "-z", "--full-tree", commit)
-    for entry in listing.split("\0"):
-        meta, _, name = entry.partition("\t")
+    touched_set = {name.encode() for name in touched}  # plain ASCII names (touched_paths)
+    ancestors = {str(p).encode() for name in touched for p in PurePosixPath(name).parents if str(p) != "."}
+    listing = patched_repo.git(tree, "ls-tree", "-r", "-z", "--full-tree", commit, binary=True)
+    untouched: list[bytes] = []
+    for entry in listing.split(b"\0")[:-1]:
+        meta, _, name = entry.partition(b"\t")
         if name in ancestors or (name in touched_set and meta.startswith(_LINK_MODES)):
             return False
+        if name not in touched_set:
+            untouched.append(entry + b"\0")
+    git_dir = tree / ".git"
+    (git_dir / _UNTOUCHED_FILE).write_bytes(b"".join(untouched))  # the widening's private index
     pattern_file = _pattern_file(tree)
     pattern_file.parent.mkdir(parents=True, exist_ok=True)
-    pattern_file.write_text("".join(f"/{name}\n" for name in sorted(touched_set)))  # read by _narrowed_paths
-    for key, value in _SETTINGS:
-        patched_repo.git(tree, "config", key, value)
+    pattern_file.write_text("".join(f"/{name}\n" for name in sorted(touched)))
+    (git_dir / _SETTINGS_FILE).write_text(_settings_text())
+    patched_repo.git(tree, "config", "include.path", _SETTINGS_FILE)  # relative to the config file
     return True
 
 
@@ -100,11 +124,6 @@ def _on_private_index(tree: Path) -> dict[str, str]:
     return {"GIT_INDEX_FILE": str(_private_index(tree))}
 
 
-def _narrowed_paths(tree: Path) -> list[str]:
-    """The paths ``narrow`` wrote into the pattern file (each as ``/PATH``)."""
-    return [line[1:] for line in _pattern_file(tree).read_text().splitlines()]
-
-
 class Widening:
     """The untouched files of a narrowed tree, being written by a git process of their own."""
 
@@ -118,9 +137,8 @@ class Widening:
 
         self.tree = tree
         private = _on_private_index(tree)
-        narrowed = "".join(f"{name}\0" for name in _narrowed_paths(tree))
-        patched_repo.git(tree, "read-tree", "HEAD", env=private)
-        patched_repo.git(tree, "update-index", "--force-remove", "-z", "--stdin", stdin=narrowed.encode(), env=private)
+        untouched = (tree / ".git" / _UNTOUCHED_FILE).read_bytes()
+        patched_repo.git(tree, "update-index", "-z", "--index-info", stdin=untouched, env=private)
         self.process = subprocess.Popen(
             # One process whatever the settings say: the other core applies the series meanwhile.
             ["git", "-C", str(tree), "-c", "checkout.workers=1", "checkout-index", "--all", "--force", "-u"],
@@ -146,11 +164,13 @@ class Widening:
         from vllm_overlay import patched_repo
 
         self.process.wait()
-        for key, _value in _SETTINGS:
-            patched_repo.git(self.tree, "config", "--unset", key)
-        _pattern_file(self.tree).unlink()
+        patched_repo.git(self.tree, "config", "--unset", "include.path")
+        git_dir = self.tree / ".git"
+        for done_with in (_pattern_file(self.tree), git_dir / _SETTINGS_FILE, git_dir / _UNTOUCHED_FILE):
+            done_with.unlink()
         index = _private_index(self.tree)
-        patched_repo.date_ahead(index)
+        if index.exists():  # none where no entry was left to write and the writer failed
+            patched_repo.date_ahead(index)
         patched_repo.git(self.tree, "read-tree", "--reset", "-u", "HEAD", env=_on_private_index(self.tree))
         os.replace(index, self.tree / ".git" / "index")
 

@@ -80,8 +80,10 @@ def test_a_first_apply_checks_out_the_touched_files_alone_and_publishes_the_whol
         assert (narrowed / name).read_bytes() == (whole / name).read_bytes(), name
     # A plain clone: nothing skipped, no sparse setting or pattern, nothing changed since the build.
     assert {line[:2] for line in _git(narrowed, "ls-files", "-t").splitlines()} == {"H "}
-    assert _git(narrowed, "config", "--get-regexp", "^(core.sparsecheckout|sparse.)") == ""  # cone too
+    assert _git(narrowed, "config", "--get-regexp", "^(core.sparsecheckout|sparse.|include.)") == ""  # cone too
     assert not (narrowed / ".git" / "info" / "sparse-checkout").exists()
+    left = {path.name for path in (narrowed / ".git").glob("vllm-overlay-*")}
+    assert left == {"vllm-overlay-applied.json", "vllm-overlay-published"}  # the record; nothing of the narrowing
     assert _git(narrowed, "status", "--porcelain", "--ignored") == ""
 
 
@@ -207,3 +209,26 @@ def test_the_writer_is_stopped_when_the_series_fails(project, make_patch, store_
     assert len(started) == 1 and started[0] is not None
     assert started[0].process.returncode is not None  # waited for: it no longer runs
     assert not (tmp_path / "out").exists()
+
+
+def test_a_series_that_touches_every_file_leaves_the_writer_nothing_and_the_tree_whole(
+    project, make_patch, store_env, tmp_path
+):
+    """No file is left to the writer (git writes no private index for no entries): the tree is still
+    the series' last commit, clean, and a plain clone."""
+    upstream = write_upstream(tmp_path / "up")
+
+    def every_file(tree: Path) -> None:
+        replace_line(tree / "vllm" / "core.py", "line_20 = 20\n", "line_20 = 200\n")
+        (tree / "vllm" / "__init__.py").write_text("# the package\n")
+        with open(tree / "vllm" / "_version.py", "a") as version:
+            version.write("# patched\n")
+
+    make_patch(upstream, every_file, "core: touch every file")
+    out = tmp_path / "out"
+    code, report = run_apply(project, upstream, "--output", str(out))
+    assert code == 0 and statuses(report) == ["clean"]
+    assert _files(out) == {"vllm/__init__.py", "vllm/_version.py", "vllm/core.py"}
+    assert (out / "vllm" / "__init__.py").read_text() == "# the package\n"
+    assert {line[:2] for line in _git(out, "ls-files", "-t").splitlines()} == {"H "}
+    assert _git(out, "status", "--porcelain", "--ignored") == ""
