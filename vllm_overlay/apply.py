@@ -563,7 +563,7 @@ def _apply_each(
     """
     seeded = False
     tree_root = area.tree
-    parse_all_trailers(patches[start:])  # one git process for the series, not one a patch
+    parse_all_trailers(patches[start:], area.mails)  # one git process for the series, not one a patch
     results: list[PatchResult] = []
     index = start
     while index < len(patches):

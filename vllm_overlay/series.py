@@ -235,25 +235,29 @@ def parse_trailers(message: str) -> list[tuple[str, str]]:
     return _trailer_pairs(result.stdout.decode("utf-8"))
 
 
-def parse_all_trailers(patches: Sequence[Patch]) -> None:
+def parse_all_trailers(patches: Sequence[Patch], scratch: Path | None = None) -> None:
     """Parse the trailers of every patch in ``patches`` not parsed yet, with one git process.
 
     The same parser ``Patch.trailers`` runs on one message, given every message as a file of its
     own (``--in-place``: each file then holds its own trailers); a series costs one process, not
-    one a patch.
+    one a patch. The files (``trailers-N``) go into ``scratch``, a directory of the caller's that
+    it removes (a new temporary one where None).
     """
     unparsed = [patch for patch in patches if patch._trailers is None]
     if len(unparsed) < 2:
         return  # Patch.trailers parses one on first use
-    import tempfile  # here: a re-apply of the last patch alone never needs it
+    if scratch is None:
+        import tempfile  # here: an apply gives its staging area, and a re-apply of one patch needs none
 
-    with tempfile.TemporaryDirectory(prefix="vllm-overlay-trailers-") as tmp:
-        files = [Path(tmp) / str(number) for number in range(len(unparsed))]
-        for patch, file in zip(unparsed, files, strict=True):
-            file.write_bytes(patch.message.encode("utf-8"))
-        subprocess.run([*PARSE_TRAILERS, "--in-place", *map(str, files)], capture_output=True, check=True)
-        for patch, file in zip(unparsed, files, strict=True):
-            patch._trailers = _trailer_pairs(file.read_bytes().decode("utf-8"))
+        with tempfile.TemporaryDirectory(prefix="vllm-overlay-trailers-") as tmp:
+            parse_all_trailers(unparsed, Path(tmp))
+        return
+    files = [scratch / f"trailers-{number}" for number in range(len(unparsed))]
+    for patch, file in zip(unparsed, files, strict=True):
+        file.write_bytes(patch.message.encode("utf-8"))
+    subprocess.run([*PARSE_TRAILERS, "--in-place", *map(str, files)], capture_output=True, check=True)
+    for patch, file in zip(unparsed, files, strict=True):
+        patch._trailers = _trailer_pairs(file.read_bytes().decode("utf-8"))
 
 
 def _trailer_pairs(parsed: str) -> list[tuple[str, str]]:
