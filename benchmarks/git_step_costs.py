@@ -12,8 +12,14 @@ ALTERNATELY; medians of CPU, the process and its children; the load average prin
              with the untracked cache (``core.untrackedCache`` and ``status.showUntrackedFiles=all``,
              populated by a first run, on a copy of the tree), and with ``core.preloadIndex=false``
   reset      ``git reset --hard HEAD`` of the tree with ``core.preloadIndex`` on and off
-  verify     ``git verify-pack`` of one pack of what the series but its last patch adds (as the cache
-             keeps a build: ``pack-objects --revs``, no deltas), which a kept build's use costs
+  pack       ``git pack-objects --revs`` of what the series but its last patch adds, as the cache
+             keeps a build (no deltas): deflated at git's default level, and stored
+             (``pack.compression=0``, as ``kept_builds`` packs)
+  verify     ``git verify-pack`` of that pack (stored), which a kept build's use costs
+  private    the private index a first apply's untouched files are written from (``narrow``): the
+             upstream's entries less the files the series touches, by ``read-tree`` then
+             ``update-index --force-remove`` of the touched paths, beside ``update-index
+             --index-info`` of the ``ls-tree -r`` listing less the touched entries
   checkout   ``git checkout`` of the upstream into a ``--shared`` clone with ``checkout.workers=1``
              beside ``checkout.workers=0`` (a worker per core); wall time too, the clone removed and
              the disk synced before each
@@ -46,18 +52,19 @@ from pathlib import Path
 
 from speed_tool_vs_git import series_files, store_repo, upstream_tag  # this folder: the same cache
 
-from vllm_overlay import patched_repo  # importable once speed_tool_vs_git put the checkout on the path
+from vllm_overlay import narrow, patched_repo, series  # importable once speed_tool_vs_git put the checkout on the path
 
 REPO = Path(__file__).resolve().parents[1]
 STATUS = ["status", "--porcelain=v2", "--branch", "--untracked-files=all", "--no-renames"]
 UNTRACKED_CACHE = ["-c", "core.untrackedCache=true", "-c", "status.showUntrackedFiles=all"]
 
 
-def timed(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, float]:
-    """(wall seconds, CPU seconds of the command and its children)."""
+def timed(argv: list[str], env: dict[str, str] | None = None, stdin: Path | None = None) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the command and its children); ``stdin``, a file, its input."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    with open(stdin or os.devnull, "rb") as given:
+        subprocess.run(argv, check=True, stdin=given, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -174,14 +181,20 @@ def main() -> None:
         )
         pack_dir = scratch / "kept"
         pack_dir.mkdir()
-        revs = f"patched\n^{upstream_tag(REPO)}\n"  # the series but its last patch (the tree's HEAD)
-        name = subprocess.run(
-            [*git, "pack-objects", "--revs", "--window=0", "--depth=0", "-q", str(pack_dir / "pack")],
-            input=revs,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
+        revs = scratch / "revs"
+        revs.write_text(f"patched\n^{upstream_tag(REPO)}\n")  # the series but its last patch (the tree's HEAD)
+        pack = [*git, "pack-objects", "--revs", "--window=0", "--depth=0", "-q", str(pack_dir / "pack")]
+        stored = [*git, "-c", "pack.compression=0", *pack[3:]]
+        compare(
+            "pack",
+            {
+                "deflated (git's default level)": lambda: timed(pack, stdin=revs),
+                "stored (pack.compression=0)": lambda: timed(stored, stdin=revs),
+            },
+            args.repeat,
+        )
+        with open(revs, "rb") as given:
+            name = subprocess.run(stored, stdin=given, capture_output=True, text=True, check=True).stdout.strip()
         index = pack_dir / f"pack-{name}.idx"
         compare(
             "verify",
@@ -189,6 +202,37 @@ def main() -> None:
                 f"git verify-pack ({index.with_suffix('.pack').stat().st_size} B)": lambda: timed(
                     ["git", "verify-pack", str(index)]
                 )
+            },
+            args.repeat,
+        )
+        private_index = scratch / "private-index"
+        on_private = {**os.environ, "GIT_INDEX_FILE": str(private_index)}
+        touched = narrow.touched_paths(series.load_series(REPO / "patches")) or []
+        touched_list = scratch / "touched"
+        touched_list.write_bytes(b"".join(name.encode() + b"\0" for name in touched))
+        listing = subprocess.run([*git, "ls-tree", "-r", "-z", upstream_tag(REPO)], capture_output=True, check=True)
+        untouched = scratch / "untouched"
+        untouched.write_bytes(
+            b"".join(
+                e + b"\0" for e in listing.stdout.split(b"\0")[:-1] if e.partition(b"\t")[2].decode() not in touched
+            )
+        )
+
+        def read_tree_less_touched() -> tuple[float, float]:
+            private_index.unlink(missing_ok=True)
+            read = timed([*git, "read-tree", upstream_tag(REPO)], on_private)
+            removed = timed([*git, "update-index", "--force-remove", "-z", "--stdin"], on_private, touched_list)
+            return read[0] + removed[0], read[1] + removed[1]
+
+        def index_info_of_listing() -> tuple[float, float]:
+            private_index.unlink(missing_ok=True)
+            return timed([*git, "update-index", "-z", "--index-info"], on_private, untouched)
+
+        compare(
+            "private",
+            {
+                "read-tree + update-index --force-remove": read_tree_less_touched,
+                "update-index --index-info of the listing": index_info_of_listing,
             },
             args.repeat,
         )
