@@ -226,7 +226,7 @@ class KeptBuilds:
             shutil.rmtree(work, ignore_errors=True)
             work.mkdir(parents=True)
             # Stored, not deflated: a few hundred objects (1.5 MB for this project's series, 0.47 MB
-            # deflated) for ~30 ms less CPU in the build that keeps them; the cache keeps LIMIT builds.
+            # deflated) for 20-25 ms less CPU in the build that keeps them (docs/speed.md, sixth round).
             name = _git(
                 "-C", str(tree), "-c", "pack.compression=0",
                 "pack-objects", "--revs", "--window=0", "--depth=0", "-q", f"{work}/pack",
