@@ -212,11 +212,9 @@ def main() -> None:
         touched_list.write_bytes(b"".join(name.encode() + b"\0" for name in touched))
         listing = subprocess.run([*git, "ls-tree", "-r", "-z", upstream_tag(REPO)], capture_output=True, check=True)
         untouched = scratch / "untouched"
-        untouched.write_bytes(
-            b"".join(
-                e + b"\0" for e in listing.stdout.split(b"\0")[:-1] if e.partition(b"\t")[2].decode() not in touched
-            )
-        )
+        entries = narrow.untouched_entries(listing.stdout, touched)
+        assert entries is not None, "the series is never narrowed here: no private index to compare"
+        untouched.write_bytes(entries)
 
         def read_tree_less_touched() -> tuple[float, float]:
             private_index.unlink(missing_ok=True)

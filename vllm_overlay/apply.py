@@ -184,7 +184,7 @@ def _mails_with_trailer(tree: Path, patches: list[Patch], mails: list[Path]) -> 
     for number, (patch, mail) in enumerate(zip(patches, mails, strict=True)):
         copy = copies.get(number)
         text = copy.read_bytes() if copy else b""
-        if copy is None or text.count(written) != 1 or mail.read_bytes().count(_NAME_PLACEHOLDER.encode()):
+        if text.count(written) != 1:  # no copy, or the mail held that line itself
             result.append(_mail_with_trailer(tree, patch, mail))
             continue
         copy.write_bytes(text.replace(written, patched_repo.patch_file_trailer(patch.name).encode() + b"\n"))

@@ -81,6 +81,21 @@ def _settings_text() -> str:
     return "".join(f"[{section}]\n" + "".join(lines) for section, lines in sections.items())
 
 
+def untouched_entries(listing: bytes, touched: list[str]) -> bytes | None:
+    """The entries of ``listing`` (``git ls-tree -r -z``) outside ``touched``, as listed; None where
+    a touched path is a symlink or submodule, or an entry lies on a touched path's way (``narrow``)."""
+    touched_set = {name.encode() for name in touched}  # plain ASCII names (touched_paths)
+    ancestors = {str(p).encode() for name in touched for p in PurePosixPath(name).parents if str(p) != "."}
+    untouched: list[bytes] = []
+    for entry in listing.split(b"\0")[:-1]:
+        meta, _, name = entry.partition(b"\t")
+        if name in ancestors or (name in touched_set and meta.startswith(_LINK_MODES)):
+            return None
+        if name not in touched_set:
+            untouched.append(entry + b"\0")
+    return b"".join(untouched)
+
+
 def narrow(tree: Path, commit: str, touched: list[str]) -> bool:
     """Make the clone ``tree`` (not yet checked out) check out only ``touched`` of ``commit``; False
     (nothing changed: the checkout stays whole) where ``commit`` holds a symlink or submodule at a
@@ -91,18 +106,12 @@ def narrow(tree: Path, commit: str, touched: list[str]) -> bool:
     """
     from vllm_overlay import patched_repo
 
-    touched_set = {name.encode() for name in touched}  # plain ASCII names (touched_paths)
-    ancestors = {str(p).encode() for name in touched for p in PurePosixPath(name).parents if str(p) != "."}
     listing = patched_repo.git(tree, "ls-tree", "-r", "-z", "--full-tree", commit, binary=True)
-    untouched: list[bytes] = []
-    for entry in listing.split(b"\0")[:-1]:
-        meta, _, name = entry.partition(b"\t")
-        if name in ancestors or (name in touched_set and meta.startswith(_LINK_MODES)):
-            return False
-        if name not in touched_set:
-            untouched.append(entry + b"\0")
+    untouched = untouched_entries(listing, touched)
+    if untouched is None:
+        return False
     git_dir = tree / ".git"
-    (git_dir / _UNTOUCHED_FILE).write_bytes(b"".join(untouched))  # the widening's private index
+    (git_dir / _UNTOUCHED_FILE).write_bytes(untouched)  # the widening's private index
     pattern_file = _pattern_file(tree)
     pattern_file.parent.mkdir(parents=True, exist_ok=True)
     pattern_file.write_text("".join(f"/{name}\n" for name in sorted(touched)))

@@ -88,13 +88,7 @@ def git(
     """``git -C repo ARGS``: its stdout (text unless ``binary``); GitError when it fails.
 
     ``env`` is added to this process's environment (``GIT_INDEX_FILE`` for a private index)."""
-    result = subprocess.run(
-        ["git", "-C", str(repo), *args],
-        input=stdin,
-        capture_output=True,
-        check=False,
-        env={**os.environ, **env} if env else None,
-    )
+    result = _git_process(repo, args, env, input=stdin)
     if result.returncode != 0:
         raise GitError(Path(repo), args, result.returncode, result.stderr)
     return result.stdout if binary else result.stdout.decode()
@@ -121,14 +115,22 @@ def run(
     For the steps whose failure is an answer (``git apply`` of a patch that may not apply).
     """
     with open(stdin if stdin is not None else os.devnull, "rb") as given:
-        done = subprocess.run(
-            ["git", "-C", str(repo), *args],
-            stdin=given,
-            capture_output=True,
-            check=False,
-            env={**os.environ, **env} if env else None,
-        )
+        done = _git_process(repo, args, env, stdin=given)
     return done.returncode, done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace")
+
+
+def _git_process(
+    repo: Path | str, args: tuple[str, ...], env: Mapping[str, str] | None, **given: object
+) -> subprocess.CompletedProcess[bytes]:
+    """``git -C repo ARGS`` run to its end, its output captured; ``env`` added to this process's
+    environment; ``given``: its input (``input`` bytes or a ``stdin`` file)."""
+    return subprocess.run(
+        ["git", "-C", str(repo), *args],
+        capture_output=True,
+        check=False,
+        env={**os.environ, **env} if env else None,
+        **given,  # type: ignore[call-overload]
+    )
 
 
 def _dir(repo: gitpython.Repo | Path | str) -> Path:
