@@ -20,6 +20,11 @@ ALTERNATELY; medians of CPU, the process and its children; the load average prin
              upstream's entries less the files the series touches, by ``read-tree`` then
              ``update-index --force-remove`` of the touched paths, beside ``update-index
              --index-info`` of the ``ls-tree -r`` listing less the touched entries
+  split      a first apply's series on its narrowed clone (``narrow``: the files the series touches
+             checked out), the check of the series on a copy of the index then ``git am`` of it,
+             with the index split while narrowed (``core.splitIndex``: each write of the index
+             writes the entries that changed, the shared rest written once by the checkout), as
+             the apply engine narrows, beside the whole index written at each step
   checkout   ``git checkout`` of the upstream into a ``--shared`` clone with ``checkout.workers=1``
              beside ``checkout.workers=0`` (a worker per core); wall time too, the clone removed and
              the disk synced before each
@@ -231,6 +236,33 @@ def main() -> None:
             {
                 "read-tree + update-index --force-remove": read_tree_less_touched,
                 "update-index --index-info of the listing": index_info_of_listing,
+            },
+            args.repeat,
+        )
+        split_numbers = itertools.count()
+
+        def series_on_narrowed(split: bool) -> tuple[float, float]:
+            narrowed = scratch / f"narrowed-{next(split_numbers)}"  # none removed until the end
+            subprocess.run(
+                ["git", "clone", "-q", "--shared", "--no-checkout", str(store_repo()), str(narrowed)], check=True
+            )
+            assert narrow.narrow(narrowed, upstream_tag(REPO), touched), "the series is never narrowed here"
+            setting = ["-c", f"core.splitIndex={str(split).lower()}"]  # above the included narrowing
+            on = ["git", *setting, "-C", str(narrowed)]
+            subprocess.run([*on, "checkout", "-q", "-B", "patched", upstream_tag(REPO)], check=True)
+            shutil.copyfile(narrowed / ".git" / "index", copied_index)
+            patched_repo.date_ahead(copied_index)  # as the apply engine dates its copy
+            env = {**os.environ, "GIT_INDEX_FILE": str(copied_index)}
+            check = timed([*on, "apply", "--cached", "--verbose", *series_files(REPO)], env)
+            ident = {**os.environ, "GIT_COMMITTER_NAME": "bench", "GIT_COMMITTER_EMAIL": "bench@invalid"}
+            am = timed([*on, "am", "-q", "--keep-cr", *series_files(REPO)], ident)
+            return check[0] + am[0], check[1] + am[1]
+
+        compare(
+            "split",
+            {
+                "check + am, index split (as apply narrows)": lambda: series_on_narrowed(True),
+                "check + am, whole index": lambda: series_on_narrowed(False),
             },
             args.repeat,
         )

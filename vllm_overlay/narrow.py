@@ -14,6 +14,10 @@ one: docs/speed.md). After both, the private index is brought to the series' las
 ``git reset --hard`` would, and becomes the tree's: a plain clone, no sparse setting, no pattern
 file, no skip-worktree entry.
 
+While narrowed, the tree's index is split (``core.splitIndex``): the checkout writes all its
+entries once, as the shared index, and each later write (the series' check on a copy, every
+step of ``git am``) writes only the entries that changed; the finish leaves a whole index.
+
 The sparse settings live in a file of their own that the clone's config includes, so that one
 ``git config`` adds them and one removes them; the private index is made from the listing of the
 commit that ``narrow`` reads anyway (``update-index --index-info``), not from its trees again.
@@ -40,11 +44,19 @@ _PLAIN_PATH = re.compile(r"[A-Za-z0-9_.,+=@%~/-]+")
 _LINK_MODES = (b"120000", b"160000")  # a symlink, a submodule
 # Patterns read as plain gitignore lines (not cone mode); no lstat of every skipped entry at each
 # index read (git checks there whether a skipped file appeared): nothing writes them meanwhile.
+# The index split: the checkout writes every entry once (the shared index), and each later write
+# (the series' check on a copy, every step of ``git am``) only the entries that changed.
 _SETTINGS = (
     ("core.sparseCheckout", "true"),
     ("core.sparseCheckoutCone", "false"),
     ("sparse.expectFilesOutsideOfPatterns", "true"),
+    ("core.splitIndex", "true"),
 )
+# The widening's private index is never split: its every entry changes as its files are written,
+# and it becomes the tree's index (above the settings: ``-c`` wins over an included file).
+_WHOLE_INDEX = ("-c", "core.splitIndex=false")
+# The widening's writer: one process whatever the settings say (the other core applies the series).
+_WRITER = ("-c", "checkout.workers=1", *_WHOLE_INDEX, "checkout-index", "--all", "--force", "-u")
 
 
 def touched_paths(patches: Iterable[Patch]) -> list[str] | None:
@@ -147,10 +159,9 @@ class Widening:
         self.tree = tree
         private = _on_private_index(tree)
         untouched = (tree / ".git" / _UNTOUCHED_FILE).read_bytes()
-        patched_repo.git(tree, "update-index", "-z", "--index-info", stdin=untouched, env=private)
+        patched_repo.git(tree, *_WHOLE_INDEX, "update-index", "-z", "--index-info", stdin=untouched, env=private)
         self.process = subprocess.Popen(
-            # One process whatever the settings say: the other core applies the series meanwhile.
-            ["git", "-C", str(tree), "-c", "checkout.workers=1", "checkout-index", "--all", "--force", "-u"],
+            ["git", "-C", str(tree), *_WRITER],
             env={**os.environ, **private},
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -168,7 +179,8 @@ class Widening:
         the tree's. It is dated a minute ahead first (``patched_repo.date_ahead``): else git takes
         the files written in the index's last moments for racily clean and hashes them again. A
         file anything else wrote since is a new file (git writes a new file and renames it over
-        the path), of another inode and date, which git sees without hashing.
+        the path), of another inode and date, which git sees without hashing. The narrowed tree's
+        split index goes with its shared part: the tree's index is whole, as a clone's.
         """
         from vllm_overlay import patched_repo
 
@@ -180,8 +192,11 @@ class Widening:
         index = _private_index(self.tree)
         if index.exists():  # none where no entry was left to write and the writer failed
             patched_repo.date_ahead(index)
-        patched_repo.git(self.tree, "read-tree", "--reset", "-u", "HEAD", env=_on_private_index(self.tree))
+        reset = ("read-tree", "--reset", "-u", "HEAD")
+        patched_repo.git(self.tree, *_WHOLE_INDEX, *reset, env=_on_private_index(self.tree))
         os.replace(index, self.tree / ".git" / "index")
+        for shared in git_dir.glob("sharedindex.*"):  # what the narrowed tree's split index was read with
+            shared.unlink()
 
     def stop(self) -> None:
         """Stop the writer (the run failed or was interrupted: its staging tree is removed next)."""

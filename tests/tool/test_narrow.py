@@ -80,7 +80,8 @@ def test_a_first_apply_checks_out_the_touched_files_alone_and_publishes_the_whol
         assert (narrowed / name).read_bytes() == (whole / name).read_bytes(), name
     # A plain clone: nothing skipped, no sparse setting or pattern, nothing changed since the build.
     assert {line[:2] for line in _git(narrowed, "ls-files", "-t").splitlines()} == {"H "}
-    assert _git(narrowed, "config", "--get-regexp", "^(core.sparsecheckout|sparse.|include.)") == ""  # cone too
+    settings = "^(core.sparsecheckout|core.splitindex|sparse.|include.)"  # cone too
+    assert _git(narrowed, "config", "--get-regexp", settings) == ""
     assert not (narrowed / ".git" / "info" / "sparse-checkout").exists()
     left = {path.name for path in (narrowed / ".git").glob("vllm-overlay-*")}
     assert left == {"vllm-overlay-applied.json", "vllm-overlay-published"}  # the record; nothing of the narrowing
@@ -111,6 +112,31 @@ def test_the_patches_after_a_kept_build_are_applied_on_their_files_alone(
     assert {line[:2] for line in _git(second, "ls-files", "-t").splitlines()} == {"H "}
     assert _git(second, "status", "--porcelain", "--ignored") == ""
     assert not (second / ".git" / "info" / "sparse-checkout").exists()
+
+
+def test_the_index_is_split_while_narrowed_and_whole_once_published(
+    project, make_patch, store_env, tmp_path, monkeypatch
+):
+    """The series' check and ``git am`` write the entries that changed (a split index), the published
+    tree's index is whole, every entry in it, and no shared index file is left in its git directory."""
+    upstream = write_upstream(tmp_path / "up", extra=EXTRA)
+    make_patch(upstream, _edits, "core: change line 20 and add a module")
+    shared_while_narrowed: list[str] = []
+    real_start = narrow.start_widening
+
+    def start_widening(tree: Path, owner_fd: int | None = None) -> narrow.Widening | None:
+        shared_while_narrowed.append(_git(tree, "rev-parse", "--shared-index-path").strip())
+        return real_start(tree, owner_fd)
+
+    monkeypatch.setattr(narrow, "start_widening", start_widening)
+    out = tmp_path / "out"
+    code, report = run_apply(project, upstream, "--output", str(out))
+    assert code == 0 and statuses(report) == ["clean"]
+    assert len(shared_while_narrowed) == 1 and "sharedindex." in shared_while_narrowed[0]
+    assert _git(out, "rev-parse", "--shared-index-path") == ""
+    assert list((out / ".git").glob("sharedindex.*")) == []
+    assert len(_git(out, "ls-files").splitlines()) == len(_files(out))
+    assert _git(out, "status", "--porcelain", "--ignored") == ""
 
 
 def test_a_patch_beyond_an_upstream_symlink_is_refused_as_on_a_whole_checkout(
