@@ -114,6 +114,51 @@ def test_the_patches_after_a_kept_build_are_applied_on_their_files_alone(
     assert not (second / ".git" / "info" / "sparse-checkout").exists()
 
 
+def _entries_without_stat_data(tree: Path) -> list[str]:
+    """Index entries git would read and hash again at the next ``git status``: no mtime recorded, or
+    a size other than the file's (git's mark for an entry it could not date apart from the index)."""
+    stale, name = [], ""
+    for line in _git(tree, "ls-files", "--debug").splitlines():
+        field = line.strip()
+        if not line.startswith(" "):
+            name = line
+        elif field == "mtime: 0:0" or (
+            field.startswith("size: ") and int(field.split()[1]) != (tree / name).stat().st_size
+        ):
+            stale.append(name)
+    return sorted(set(stale))
+
+
+def test_deleted_and_replaced_paths_are_widened_as_on_a_whole_checkout(
+    project, make_patch, store_env, tmp_path, monkeypatch
+):
+    """A series that deletes a file and turns another into a directory: the touched paths are written
+    from HEAD at the finish, every other file keeps the stat data its writer recorded."""
+    upstream = write_upstream(tmp_path / "up", extra=EXTRA)
+
+    def delete_and_replace(tree: Path) -> None:
+        (tree / "vllm" / "untouched" / "module_0.py").unlink()
+        (tree / "vllm" / "untouched" / "module_1.py").unlink()
+        (tree / "vllm" / "untouched" / "module_1.py").mkdir()
+        (tree / "vllm" / "untouched" / "module_1.py" / "inner.py").write_text("inner = 1\n")
+
+    make_patch(upstream, delete_and_replace, "untouched: drop module 0, make module 1 a package")
+    make_patch(upstream, _edits, "core: change line 20 and add a module")
+    code, report = run_apply(project, upstream, "--output", str(tmp_path / "narrowed"))
+    assert code == 0 and statuses(report) == ["clean", "clean"]
+    monkeypatch.setattr(narrow, "touched_paths", lambda patches: None)  # the whole checkout, as before
+    code, report = run_apply(project, upstream, "--output", str(tmp_path / "whole"), "--rebuild")
+    assert code == 0 and statuses(report) == ["clean", "clean"]
+
+    narrowed, whole = tmp_path / "narrowed", tmp_path / "whole"
+    assert _git(narrowed, "rev-parse", "HEAD") == _git(whole, "rev-parse", "HEAD")
+    assert _files(narrowed) == _files(whole)
+    assert "vllm/untouched/module_0.py" not in _files(narrowed)
+    assert (narrowed / "vllm" / "untouched" / "module_1.py" / "inner.py").read_text() == "inner = 1\n"
+    assert _entries_without_stat_data(narrowed) == []
+    assert _git(narrowed, "status", "--porcelain", "--ignored") == ""
+
+
 def test_the_index_is_split_while_narrowed_and_whole_once_published(
     project, make_patch, store_env, tmp_path, monkeypatch
 ):
