@@ -55,7 +55,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from speed_tool_vs_git import series_files, store_repo, upstream_tag  # this folder: the same cache
+from speed_tool_vs_git import ENV, series_files, store_repo, upstream_tag  # this folder: the same cache
 
 from vllm_overlay import narrow, patched_repo, series  # importable once speed_tool_vs_git put the checkout on the path
 
@@ -112,12 +112,9 @@ def clone_and_checkout(dest: Path, workers: str) -> list[str]:
 def prepared_tree(scratch: Path) -> tuple[Path, Path]:
     """The upstream with the series applied by hand, and the series' last patch (HEAD's)."""
     tree = scratch / "tree"
-    tag = upstream_tag(REPO)
-    subprocess.run(["git", "clone", "-q", "--shared", "--no-checkout", str(store_repo()), str(tree)], check=True)
-    subprocess.run(["git", "-C", str(tree), "checkout", "-q", "-B", "patched", tag], check=True)
-    ident = {"GIT_COMMITTER_NAME": "bench", "GIT_COMMITTER_EMAIL": "bench@invalid"}
+    subprocess.run(clone_and_checkout(tree, "1"), check=True)  # git's default: one worker
     am = ["git", "-C", str(tree), "am", "-q", "--keep-cr", *series_files(REPO)]
-    subprocess.run(am, check=True, env={**os.environ, **ident})
+    subprocess.run(am, check=True, env=ENV)  # a committer whatever the machine's git config says
     mail = scratch / "last.patch"
     mail.write_bytes(
         subprocess.run(
@@ -243,19 +240,16 @@ def main() -> None:
 
         def series_on_narrowed(split: bool) -> tuple[float, float]:
             narrowed = scratch / f"narrowed-{next(split_numbers)}"  # none removed until the end
-            subprocess.run(
-                ["git", "clone", "-q", "--shared", "--no-checkout", str(store_repo()), str(narrowed)], check=True
-            )
+            checkout = clone_and_checkout(narrowed, "1")
             assert narrow.narrow(narrowed, upstream_tag(REPO), touched), "the series is never narrowed here"
             setting = ["-c", f"core.splitIndex={str(split).lower()}"]  # above the included narrowing
-            on = ["git", *setting, "-C", str(narrowed)]
-            subprocess.run([*on, "checkout", "-q", "-B", "patched", upstream_tag(REPO)], check=True)
+            subprocess.run([checkout[0], *setting, *checkout[1:]], check=True)
             shutil.copyfile(narrowed / ".git" / "index", copied_index)
             patched_repo.date_ahead(copied_index)  # as the apply engine dates its copy
+            on = ["git", *setting, "-C", str(narrowed)]
             env = {**os.environ, "GIT_INDEX_FILE": str(copied_index)}
             check = timed([*on, "apply", "--cached", "--verbose", *series_files(REPO)], env)
-            ident = {**os.environ, "GIT_COMMITTER_NAME": "bench", "GIT_COMMITTER_EMAIL": "bench@invalid"}
-            am = timed([*on, "am", "-q", "--keep-cr", *series_files(REPO)], ident)
+            am = timed([*on, "am", "-q", "--keep-cr", *series_files(REPO)], ENV)
             return check[0] + am[0], check[1] + am[1]
 
         compare(

@@ -78,6 +78,18 @@ def _pattern_file(tree: Path) -> Path:
     return tree / ".git" / "info" / "sparse-checkout"
 
 
+def _write_patterns(tree: Path, touched: list[str]) -> None:
+    """The sparse patterns naming exactly ``touched`` (plain names: ``touched_paths``), one a line."""
+    pattern_file = _pattern_file(tree)
+    pattern_file.parent.mkdir(parents=True, exist_ok=True)
+    pattern_file.write_text("".join(f"/{name}\n" for name in sorted(touched)))
+
+
+def _patterned_paths(tree: Path) -> list[str]:
+    """The paths ``_write_patterns`` named."""
+    return [line.removeprefix("/") for line in _pattern_file(tree).read_text().splitlines()]
+
+
 # In the clone's git directory while it is narrowed: the sparse settings (included by its config)
 # and the entries of the checked-out commit outside the narrowing (``ls-tree -r -z`` lines).
 _SETTINGS_FILE = "vllm-overlay-sparse.config"
@@ -124,9 +136,7 @@ def narrow(tree: Path, commit: str, touched: list[str]) -> bool:
         return False
     git_dir = tree / ".git"
     (git_dir / _UNTOUCHED_FILE).write_bytes(untouched)  # the widening's private index
-    pattern_file = _pattern_file(tree)
-    pattern_file.parent.mkdir(parents=True, exist_ok=True)
-    pattern_file.write_text("".join(f"/{name}\n" for name in sorted(touched)))
+    _write_patterns(tree, touched)
     (git_dir / _SETTINGS_FILE).write_text(_settings_text())
     patched_repo.git(tree, "config", "include.path", _SETTINGS_FILE)  # relative to the config file
     return True
@@ -188,11 +198,10 @@ class Widening:
         from vllm_overlay import patched_repo
 
         wrote_every_file = self.process.wait() == 0
-        patterns = _pattern_file(self.tree)
-        touched = [line.removeprefix("/") for line in patterns.read_text().splitlines()]
+        touched = _patterned_paths(self.tree)
         patched_repo.git(self.tree, "config", "--unset", "include.path")
         git_dir = self.tree / ".git"
-        for done_with in (patterns, git_dir / _SETTINGS_FILE, git_dir / _UNTOUCHED_FILE):
+        for done_with in (_pattern_file(self.tree), git_dir / _SETTINGS_FILE, git_dir / _UNTOUCHED_FILE):
             done_with.unlink()
         index = _private_index(self.tree)
         if index.exists():  # none where no entry was left to write and the writer failed
