@@ -142,6 +142,22 @@ def narrow(tree: Path, commit: str, touched: list[str]) -> bool:
     return True
 
 
+# The attributes by which git converts between a file and its blob (convert.c): a file so
+# converted may differ from its blob, and hashing it may give another blob.
+_CONVERSIONS = ("text", "eol", "crlf", "ident", "filter", "working-tree-encoding")
+
+
+def converted(tree: Path, names: list[str]) -> bool:
+    """True where git converts one of ``names`` between file and blob (``git check-attr``: an
+    attribute of ``_CONVERSIONS`` set or given a value, not unspecified or unset)."""
+    from vllm_overlay import patched_repo
+
+    listed = b"".join(name.encode() + b"\0" for name in names)
+    out = patched_repo.git(tree, "check-attr", "-z", "--stdin", *_CONVERSIONS, stdin=listed, binary=True)
+    fields = out.split(b"\0")
+    return any(value not in (b"unspecified", b"unset") for value in fields[2::3])
+
+
 # The private index, in the clone's git directory while the tree is widened.
 _WIDEN_INDEX = "vllm-overlay-widen-index"
 
@@ -183,17 +199,19 @@ class Widening:
         """Wait for the files, then make the tree a plain clone of its HEAD (the series' last commit).
 
         Where the writer wrote every file (it exits 0: git answers a file it could not write with
-        an error status), the touched paths' files are removed and ``read-tree -m -u HEAD`` on the
-        private index writes them from HEAD: every other entry is HEAD's blob and its file is as
-        written, so it keeps its stat data with no ``lstat`` of the 8,500 files. Where the writer
-        failed, ``read-tree --reset -u HEAD``, as ``git reset --hard`` would: each file is compared
-        with its entry, and what the writer left out is written too. Either way a path HEAD lacks
-        is removed, and the index becomes the tree's. It is dated a minute ahead first
-        (``patched_repo.date_ahead``): else git takes the files written in the index's last
-        moments for racily clean and hashes them again. A file anything else wrote since is a new
-        file (git writes a new file and renames it over the path), of another inode and date,
-        which git sees without hashing. The narrowed tree's split index goes with its shared part:
-        the tree's index is whole, as a clone's.
+        an error status), the private index holds HEAD's every entry but the touched paths, each
+        with the stat data the writer recorded, and ``git am`` left each touched path as HEAD has
+        it: ``update-index --add`` records the touched files that exist (a deleted one is absent),
+        hashing those few and no ``lstat`` of the 8,500 others. That holds only where a file is
+        its blob byte for byte: where an attribute converts a touched file (line endings, a
+        filter, ``ident``, an encoding: ``converted``), or the writer failed, ``read-tree --reset
+        -u HEAD`` instead, as ``git reset --hard`` would: each file is compared with its entry and
+        what differs or is missing is written. Either way the index becomes the tree's. It is
+        dated a minute ahead first (``patched_repo.date_ahead``): else git takes the files written
+        in the index's last moments for racily clean and hashes them again. A file anything else
+        wrote since is a new file (git writes a new file and renames it over the path), of another
+        inode and date, which git sees without hashing. The narrowed tree's split index goes with
+        its shared part: the tree's index is whole, as a clone's.
         """
         from vllm_overlay import patched_repo
 
@@ -206,13 +224,15 @@ class Widening:
         index = _private_index(self.tree)
         if index.exists():  # none where no entry was left to write and the writer failed
             patched_repo.date_ahead(index)
-        if wrote_every_file:
-            for name in touched:  # plain names (touched_paths); a directory now holds a later path
-                path = self.tree / name
-                if path.is_symlink() or path.is_file():
-                    path.unlink()
-        merge = ("-m",) if wrote_every_file else ("--reset",)
-        patched_repo.git(self.tree, *_WHOLE_INDEX, "read-tree", *merge, "-u", "HEAD", env=_on_private_index(self.tree))
+        private = _on_private_index(self.tree)
+        written = [name for name in touched if (self.tree / name).is_symlink() or (self.tree / name).is_file()]
+        if wrote_every_file and index.exists() and written and not converted(self.tree, written):
+            names = b"".join(name.encode() + b"\0" for name in written)  # plain names (touched_paths)
+            patched_repo.git(
+                self.tree, *_WHOLE_INDEX, "update-index", "--add", "-z", "--stdin", stdin=names, env=private
+            )
+        else:
+            patched_repo.git(self.tree, *_WHOLE_INDEX, "read-tree", "--reset", "-u", "HEAD", env=private)
         os.replace(index, self.tree / ".git" / "index")
         for shared in git_dir.glob("sharedindex.*"):  # what the narrowed tree's split index was read with
             shared.unlink()

@@ -303,3 +303,37 @@ def test_a_series_that_touches_every_file_leaves_the_writer_nothing_and_the_tree
     assert (out / "vllm" / "__init__.py").read_text() == "# the package\n"
     assert {line[:2] for line in _git(out, "ls-files", "-t").splitlines()} == {"H "}
     assert _git(out, "status", "--porcelain", "--ignored") == ""
+
+
+def test_a_touched_file_git_converts_is_recorded_as_its_blob_not_as_hashed_again(
+    project, make_patch, store_env, tmp_path, monkeypatch
+):
+    """A patch adds a file with CRLF line ends, a later one gives it the ``text`` attribute: its blob
+    keeps the CRs and its file is written as the blob, but hashing the file again (as ``update-index``
+    would) strips them. The finish reads such a file's entry from HEAD: the index is HEAD's, as on a
+    whole checkout."""
+    upstream = write_upstream(tmp_path / "up", extra=EXTRA)
+    notes = make_patch(upstream, lambda tree: (tree / "notes.txt").write_text("one\ntwo\n"), "notes: add CRLF notes")
+    notes.write_bytes(notes.read_bytes().replace(b"+one\n+two\n", b"+one\r\n+two\r\n"))  # as a mail keeps them
+    make_patch(upstream, lambda tree: (tree / ".gitattributes").write_text("*.txt text\n"), "attributes: text notes")
+    code, report = run_apply(project, upstream, "--output", str(tmp_path / "narrowed"))
+    assert code == 0 and statuses(report) == ["clean", "clean"]
+    monkeypatch.setattr(narrow, "touched_paths", lambda patches: None)  # the whole checkout, as before
+    code, report = run_apply(project, upstream, "--output", str(tmp_path / "whole"), "--rebuild")
+    assert code == 0 and statuses(report) == ["clean", "clean"]
+
+    narrowed, whole = tmp_path / "narrowed", tmp_path / "whole"
+    assert _git(narrowed, "rev-parse", "HEAD") == _git(whole, "rev-parse", "HEAD")
+    assert (narrowed / "notes.txt").read_bytes() == b"one\r\ntwo\r\n"
+    assert _git(narrowed, "ls-files", "--stage") == _git(whole, "ls-files", "--stage")
+    assert _git(narrowed, "diff", "--cached", "--name-only") == ""
+
+
+def test_converted_names_the_attributes_that_change_a_file_against_its_blob(tmp_path):
+    """``converted`` answers from ``git check-attr``: set or valued conversions count; unset and
+    unspecified ones, and attributes that convert nothing (``diff``), do not."""
+    tree = tmp_path / "tree"
+    subprocess.run(["git", "init", "-q", str(tree)], check=True)
+    (tree / ".gitattributes").write_text("*.crlf eol=crlf\n*.id ident\n*.bin -text\n*.py diff=python\n")
+    assert narrow.converted(tree, ["a.crlf"]) and narrow.converted(tree, ["b.py", "c.id"])
+    assert not narrow.converted(tree, ["b.py", "d.bin", "e.txt"])
