@@ -25,6 +25,9 @@ ALTERNATELY; medians of CPU, the process and its children; the load average prin
              with the index split while narrowed (``core.splitIndex``: each write of the index
              writes the entries that changed, the shared rest written once by the checkout), as
              the apply engine narrows, beside the whole index written at each step
+  loose      the same series (index split), the check, ``git am`` and the pack of what it adds
+             (``kept_builds``), with the loose objects written stored (``core.looseCompression=0``,
+             as the apply engine narrows) beside deflated at git's default level
   checkout   ``git checkout`` of the upstream into a ``--shared`` clone with ``checkout.workers=1``
              beside ``checkout.workers=0`` (a worker per core); wall time too, the clone removed and
              the disk synced before each
@@ -39,6 +42,7 @@ tool's upstream cache, checkout, ``git am``), the patch the series' last one, ch
 parent. Run scripts/apply-patches once first (the upstream comes from the tool's cache). Example::
 
     .venv/bin/python benchmarks/git_step_costs.py --repeat 20 --checkouts 4
+    .venv/bin/python benchmarks/git_step_costs.py --rows split,loose --repeat 12   # those rows alone
 """
 
 from __future__ import annotations
@@ -75,8 +79,13 @@ def timed(argv: list[str], env: dict[str, str] | None = None, stdin: Path | None
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
+ROWS: set[str] = set()  # the rows to run (--rows); empty: all
+
+
 def compare(name: str, variants: dict[str, Callable[[], tuple[float, float]]], repeat: int) -> None:
     """Run each variant (a callable giving (wall, cpu)) in turn, ``repeat`` rounds, order alternating."""
+    if ROWS and name not in ROWS:
+        return
     results: dict[str, list[tuple[float, float]]] = {label: [] for label in variants}
     labels = list(variants)
     for round_number in range(repeat):
@@ -132,7 +141,9 @@ def main() -> None:
     parser.add_argument(
         "--fresh", type=int, default=4, help="rounds of the check after a checkout (default 4; 0: skip)"
     )
+    parser.add_argument("--rows", default="", help="comma-separated rows to run (default: all)")
     args = parser.parse_args()
+    ROWS.update(filter(None, args.rows.split(",")))
     with tempfile.TemporaryDirectory(prefix="vllm-overlay-git-steps-") as tmp:
         scratch = Path(tmp)
         tree, mail = prepared_tree(scratch)
@@ -238,25 +249,48 @@ def main() -> None:
         )
         split_numbers = itertools.count()
 
-        def series_on_narrowed(split: bool) -> tuple[float, float]:
+        def series_on_narrowed(*settings: str, keep: bool = False) -> tuple[float, float]:
+            """The check and ``git am`` of the series on a new narrowed clone with ``settings``
+            (``-c`` options above the included narrowing); with ``keep``, the pack of what it adds
+            too (``kept_builds``)."""
             narrowed = scratch / f"narrowed-{next(split_numbers)}"  # none removed until the end
             checkout = clone_and_checkout(narrowed, "1")
             assert narrow.narrow(narrowed, upstream_tag(REPO), touched), "the series is never narrowed here"
-            setting = ["-c", f"core.splitIndex={str(split).lower()}"]  # above the included narrowing
-            subprocess.run([checkout[0], *setting, *checkout[1:]], check=True)
+            subprocess.run([checkout[0], *settings, *checkout[1:]], check=True)
             shutil.copyfile(narrowed / ".git" / "index", copied_index)
             patched_repo.date_ahead(copied_index)  # as the apply engine dates its copy
-            on = ["git", *setting, "-C", str(narrowed)]
+            on = ["git", *settings, "-C", str(narrowed)]
             env = {**os.environ, "GIT_INDEX_FILE": str(copied_index)}
-            check = timed([*on, "apply", "--cached", "--verbose", *series_files(REPO)], env)
-            am = timed([*on, "am", "-q", "--keep-cr", *series_files(REPO)], ENV)
-            return check[0] + am[0], check[1] + am[1]
+            steps = [
+                timed([*on, "apply", "--cached", "--verbose", *series_files(REPO)], env),
+                timed([*on, "am", "-q", "--keep-cr", *series_files(REPO)], ENV),
+            ]
+            if keep:
+                kept = narrowed / ".git" / "kept"
+                kept.mkdir()
+                revs.write_text(f"HEAD\n^{upstream_tag(REPO)}\n")
+                keep_pack = ["-c", "pack.compression=0", "pack-objects", "--revs", "--window=0", "--depth=0", "-q"]
+                steps.append(timed(["git", "-C", str(narrowed), *keep_pack, str(kept / "pack")], stdin=revs))
+            return sum(step[0] for step in steps), sum(step[1] for step in steps)
 
+        split, whole = ("-c", "core.splitIndex=true"), ("-c", "core.splitIndex=false")
         compare(
             "split",
             {
-                "check + am, index split (as apply narrows)": lambda: series_on_narrowed(True),
-                "check + am, whole index": lambda: series_on_narrowed(False),
+                "check + am, index split (as apply narrows)": lambda: series_on_narrowed(*split),
+                "check + am, whole index": lambda: series_on_narrowed(*whole),
+            },
+            args.repeat,
+        )
+        compare(
+            "loose",
+            {
+                "check + am + pack, loose objects stored": lambda: series_on_narrowed(
+                    *split, "-c", "core.looseCompression=0", keep=True
+                ),
+                "check + am + pack, loose objects deflated (git's default)": lambda: series_on_narrowed(
+                    *split, keep=True
+                ),
             },
             args.repeat,
         )

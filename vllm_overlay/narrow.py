@@ -46,11 +46,15 @@ _LINK_MODES = (b"120000", b"160000")  # a symlink, a submodule
 # index read (git checks there whether a skipped file appeared): nothing writes them meanwhile.
 # The index split: the checkout writes every entry once (the shared index), and each later write
 # (the series' check on a copy, every step of ``git am``) only the entries that changed.
+# The objects the series adds (its blobs, trees and commits, a few hundred) are written stored,
+# not deflated: the check and ``git am`` write them, and the cache reads them all again to keep
+# the build (``kept_builds``); about 1 MB more in the published tree's git directory.
 _SETTINGS = (
     ("core.sparseCheckout", "true"),
     ("core.sparseCheckoutCone", "false"),
     ("sparse.expectFilesOutsideOfPatterns", "true"),
     ("core.splitIndex", "true"),
+    ("core.looseCompression", "0"),
 )
 # The widening's private index is never split: its every entry changes as its files are written,
 # and it becomes the tree's index (above the settings: ``-c`` wins over an included file).

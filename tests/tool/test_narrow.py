@@ -337,3 +337,22 @@ def test_converted_names_the_attributes_that_change_a_file_against_its_blob(tmp_
     (tree / ".gitattributes").write_text("*.crlf eol=crlf\n*.id ident\n*.bin -text\n*.py diff=python\n")
     assert narrow.converted(tree, ["a.crlf"]) and narrow.converted(tree, ["b.py", "c.id"])
     assert not narrow.converted(tree, ["b.py", "d.bin", "e.txt"])
+
+
+def test_the_objects_the_series_adds_are_written_stored_and_the_published_config_is_gits_default(
+    project, make_patch, store_env, tmp_path
+):
+    """While narrowed, the loose objects the check and ``git am`` write are not deflated (the cache
+    reads them all again to keep the build): each file is at least its object's size. The setting
+    goes with the narrowing."""
+    upstream = write_upstream(tmp_path / "up", extra=EXTRA)
+    make_patch(upstream, _edits, "core: change line 20 and add a module")
+    out = tmp_path / "out"
+    code, report = run_apply(project, upstream, "--output", str(out))
+    assert code == 0 and statuses(report) == ["clean"]
+    added = _git(out, "rev-list", "--objects", "--no-object-names", "HEAD^..HEAD").split()
+    assert len(added) >= 3  # the commit, its trees, the new and changed blobs
+    for name in added:
+        loose = out / ".git" / "objects" / name[:2] / name[2:]
+        assert loose.stat().st_size >= int(_git(out, "cat-file", "-s", name)), name
+    assert _git(out, "config", "--get", "core.looseCompression") == ""
