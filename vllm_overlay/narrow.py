@@ -151,12 +151,17 @@ def narrow(tree: Path, commit: str, touched: list[str]) -> bool:
 _CONVERSIONS = ("text", "eol", "crlf", "ident", "filter", "working-tree-encoding")
 
 
+def _nul_terminated(names: list[str]) -> bytes:
+    """``names`` as git's ``-z --stdin`` reads them (plain names: ``touched_paths``)."""
+    return b"".join(name.encode() + b"\0" for name in names)
+
+
 def converted(tree: Path, names: list[str]) -> bool:
     """True where git converts one of ``names`` between file and blob (``git check-attr``: an
     attribute of ``_CONVERSIONS`` set or given a value, not unspecified or unset)."""
     from vllm_overlay import patched_repo
 
-    listed = b"".join(name.encode() + b"\0" for name in names)
+    listed = _nul_terminated(names)
     out = patched_repo.git(tree, "check-attr", "-z", "--stdin", *_CONVERSIONS, stdin=listed, binary=True)
     fields = out.split(b"\0")
     return any(value not in (b"unspecified", b"unset") for value in fields[2::3])
@@ -231,9 +236,9 @@ class Widening:
         private = _on_private_index(self.tree)
         written = [name for name in touched if (self.tree / name).is_symlink() or (self.tree / name).is_file()]
         if wrote_every_file and index.exists() and written and not converted(self.tree, written):
-            names = b"".join(name.encode() + b"\0" for name in written)  # plain names (touched_paths)
+            listed = _nul_terminated(written)
             patched_repo.git(
-                self.tree, *_WHOLE_INDEX, "update-index", "--add", "-z", "--stdin", stdin=names, env=private
+                self.tree, *_WHOLE_INDEX, "update-index", "--add", "-z", "--stdin", stdin=listed, env=private
             )
         else:
             patched_repo.git(self.tree, *_WHOLE_INDEX, "read-tree", "--reset", "-u", "HEAD", env=private)

@@ -129,6 +129,17 @@ def _entries_without_stat_data(tree: Path) -> list[str]:
     return sorted(set(stale))
 
 
+def _narrowed_and_whole(project: Path, upstream: Path, tmp_path: Path, monkeypatch, patches: int) -> tuple[Path, Path]:
+    """The series applied clean into ``narrowed`` as the engine narrows, and into ``whole`` checked
+    out whole, as before the narrowing (``touched_paths`` answering None)."""
+    code, report = run_apply(project, upstream, "--output", str(tmp_path / "narrowed"))
+    assert code == 0 and statuses(report) == ["clean"] * patches
+    monkeypatch.setattr(narrow, "touched_paths", lambda patches: None)  # the whole checkout, as before
+    code, report = run_apply(project, upstream, "--output", str(tmp_path / "whole"), "--rebuild")
+    assert code == 0 and statuses(report) == ["clean"] * patches
+    return tmp_path / "narrowed", tmp_path / "whole"
+
+
 def test_deleted_and_replaced_paths_are_widened_as_on_a_whole_checkout(
     project, make_patch, store_env, tmp_path, monkeypatch
 ):
@@ -144,13 +155,7 @@ def test_deleted_and_replaced_paths_are_widened_as_on_a_whole_checkout(
 
     make_patch(upstream, delete_and_replace, "untouched: drop module 0, make module 1 a package")
     make_patch(upstream, _edits, "core: change line 20 and add a module")
-    code, report = run_apply(project, upstream, "--output", str(tmp_path / "narrowed"))
-    assert code == 0 and statuses(report) == ["clean", "clean"]
-    monkeypatch.setattr(narrow, "touched_paths", lambda patches: None)  # the whole checkout, as before
-    code, report = run_apply(project, upstream, "--output", str(tmp_path / "whole"), "--rebuild")
-    assert code == 0 and statuses(report) == ["clean", "clean"]
-
-    narrowed, whole = tmp_path / "narrowed", tmp_path / "whole"
+    narrowed, whole = _narrowed_and_whole(project, upstream, tmp_path, monkeypatch, 2)
     assert _git(narrowed, "rev-parse", "HEAD") == _git(whole, "rev-parse", "HEAD")
     assert _files(narrowed) == _files(whole)
     assert "vllm/untouched/module_0.py" not in _files(narrowed)
@@ -316,13 +321,7 @@ def test_a_touched_file_git_converts_is_recorded_as_its_blob_not_as_hashed_again
     notes = make_patch(upstream, lambda tree: (tree / "notes.txt").write_text("one\ntwo\n"), "notes: add CRLF notes")
     notes.write_bytes(notes.read_bytes().replace(b"+one\n+two\n", b"+one\r\n+two\r\n"))  # as a mail keeps them
     make_patch(upstream, lambda tree: (tree / ".gitattributes").write_text("*.txt text\n"), "attributes: text notes")
-    code, report = run_apply(project, upstream, "--output", str(tmp_path / "narrowed"))
-    assert code == 0 and statuses(report) == ["clean", "clean"]
-    monkeypatch.setattr(narrow, "touched_paths", lambda patches: None)  # the whole checkout, as before
-    code, report = run_apply(project, upstream, "--output", str(tmp_path / "whole"), "--rebuild")
-    assert code == 0 and statuses(report) == ["clean", "clean"]
-
-    narrowed, whole = tmp_path / "narrowed", tmp_path / "whole"
+    narrowed, whole = _narrowed_and_whole(project, upstream, tmp_path, monkeypatch, 2)
     assert _git(narrowed, "rev-parse", "HEAD") == _git(whole, "rev-parse", "HEAD")
     assert (narrowed / "notes.txt").read_bytes() == b"one\r\ntwo\r\n"
     assert _git(narrowed, "ls-files", "--stage") == _git(whole, "ls-files", "--stage")
