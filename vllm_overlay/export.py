@@ -173,13 +173,24 @@ def _unexportable(repo: git.Repo, sha: str) -> str | None:
     return None
 
 
+def _uncommitted(repo: git.Repo) -> bool:
+    """Whether a tracked file holds a change not committed, staged or not (untracked files aside).
+
+    One ``git status``, not a ``git diff`` of the index and one of the tree: a tree apply-patches
+    has just published may hold files git takes for racily clean (written in the second its index
+    was, docs/speed.md), which every ``git diff`` hashes again; ``git status`` hashes them once and,
+    where it can take the index's lock, writes the index back with them settled.
+    """
+    return bool(repo.git.status("--porcelain", "--untracked-files=no", "--no-renames"))
+
+
 def export_commits(repo_dir: Path) -> list[ExportedPatch]:
     """Format every commit between the upstream base and HEAD."""
     repo = git.Repo(repo_dir)
     operation = operation_in_progress(repo)
     if operation:
         raise ExportError(f"{repo_dir}: {operation} is in progress; finish or abort it first")
-    if repo.is_dirty(untracked_files=False):
+    if _uncommitted(repo):
         raise ExportError(f"{repo_dir}: uncommitted changes; commit (or amend) them first")
     exported: list[ExportedPatch] = []
     used: set[str] = set()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import git
 import pytest
 
@@ -89,6 +91,40 @@ def test_slug_cuts_at_a_word_boundary():
         "health-add-a-progress-check-that-fails-when-active-work"
     )
     assert slugify("!!!") == "patch"
+
+
+def test_uncommitted_changes_are_refused_and_an_untracked_file_is_not(project, make_patch, upstream_dir, store_env):
+    make_patch(upstream_dir, change_line_20, "core: change line 20")
+    assert run_apply(project, upstream_dir)[0] == 0
+    assert cli.main(["export-patches", "--allow-other-upstream", "--project", str(project)]) == 0
+    before = snapshot(project / "patches")
+    tree = project / "build" / "patched"
+    export = ["export-patches", "--allow-other-upstream", "--project", str(project)]
+    (tree / "notes.txt").write_text("a file of the user's, never added\n")
+    assert cli.main([*export, "--check"]) == 0
+    core = tree / "vllm" / "core.py"
+    replace_line(core, "line_20 = 200\n", "line_20 = 2000\n")  # an edit, not staged
+    assert cli.main(export) == 2
+    git.Repo(tree).git.add("vllm/core.py")  # the same edit, staged
+    assert cli.main(export) == 2
+    assert snapshot(project / "patches") == before
+    git.Repo(tree).git.reset("--hard", "--quiet")
+    assert cli.main([*export, "--check"]) == 0
+
+
+def test_export_writes_back_an_index_git_takes_for_racily_clean(project, make_patch, upstream_dir, store_env):
+    """A tree published in the second its files were written: git hashes those files again at
+    every read of the index until one writes it back. Dated before the files, the index makes
+    every entry so; the export's check for uncommitted changes writes it back (git status), where
+    a ``git diff`` would leave it as it was."""
+    make_patch(upstream_dir, change_line_20, "core: change line 20")
+    assert run_apply(project, upstream_dir)[0] == 0
+    assert cli.main(["export-patches", "--allow-other-upstream", "--project", str(project)]) == 0
+    index = project / "build" / "patched" / ".git" / "index"
+    long_ago = 946684800  # 2000-01-01: older than every file of the tree
+    os.utime(index, (long_ago, long_ago))
+    assert cli.main(["export-patches", "--allow-other-upstream", "--project", str(project), "--check"]) == 0
+    assert index.stat().st_mtime > long_ago
 
 
 def test_export_during_a_stopped_rebase_is_refused(project, make_patch, upstream_dir, store_env):
