@@ -30,6 +30,15 @@ scripts/apply-patches once first). Example::
 
     .venv/bin/python benchmarks/speed_tool_vs_git.py --repeat 5
 
+After each run of the full and first jobs, once the clock has passed the second in which the
+run's index was written, the tree's first ``git status`` is timed apart and printed on a line of
+its own ("then the first git status"). git takes an entry whose file is as new as the index (to
+the second: the stat of git 2.39 as Debian builds it compares no nanoseconds) for racily clean,
+and hashes that file again at every read until an index write settles it. A checkout leaves the
+files it wrote in its last second so; the hand way's ``git am`` right after it pays for them
+(docs/speed.md), the tool's published tree leaves them to the first git command run in it. That
+line prices what each side leaves behind: the sums beside it compare two settled trees.
+
 The full and first jobs remove the last tree before each run. On a file system that reuses freed
 inodes slowly (ext4 without a journal: docs/speed.md) the checkout right after a removal costs
 several times what it costs later; ``--settle SECONDS`` waits that long after each removal, so the
@@ -43,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import math
 import os
 import resource
 import shutil
@@ -157,24 +167,33 @@ class Bench:
         hand_run: Callable[[], tuple[float, float]] | None,
         before_tool: Callable[[], None] = lambda: None,
         before_hand: Callable[[], None] = lambda: None,
+        after_tool: Callable[[], tuple[float, float]] | None = None,
+        after_hand: Callable[[], tuple[float, float]] | None = None,
     ) -> None:
+        """Run both sides alternately; ``after_*``, where given, is timed apart right after each run
+        of its side (the first ``git status`` of the tree it built: ``first_status``)."""
         tool_times, hand_times, own_times = [], [], []
+        after_times: dict[int, list[tuple[float, float]]] = {id(tool_times): [], id(hand_times): []}
         for round_number in range(self.repeat):
             # Tool first in even rounds, the hand way first in odd ones: where a run's cost drifts
             # during the job (on ext4 here, a checkout after trees were created and removed costs
             # more at each round), neither side is always the later one.
-            sides = [(before_tool, tool_run, tool_times)]
+            sides = [(before_tool, tool_run, after_tool, tool_times)]
             if hand_run is not None:
-                sides.append((before_hand, hand_run, hand_times))
-            for prepare, timed, times in sides if round_number % 2 == 0 else sides[::-1]:
+                sides.append((before_hand, hand_run, after_hand, hand_times))
+            for prepare, timed, after, times in sides if round_number % 2 == 0 else sides[::-1]:
                 prepare()
                 OWN_CPU_FILE.unlink(missing_ok=True)  # what a run reports is this run's alone
                 times.append(timed())
                 own = self.own_cpu_of_last_run() if times is tool_times else None
                 if own is not None:
                     own_times.append(own)
+                if after is not None:
+                    after_times[id(times)].append(after())
         self.rows.append((name, tool_label, hand_label, tool_times, hand_times))
         print(render_row(self.rows[-1]), flush=True)
+        if after_times[id(tool_times)] and after_times[id(hand_times)]:
+            print(render_settled(tool_times, hand_times, after_times[id(tool_times)], after_times[id(hand_times)]))
         if own_times:
             # What Python itself cost in the tool's runs; the rest of their CPU is git's.
             print(f"{'':<12} the tool's own process (Python), s CPU: median {median(own_times):.3f};", end=" ")
@@ -203,6 +222,41 @@ def render_row(row: tuple[str, str, str, list[tuple[float, float]], list[tuple[f
     if hand_times:
         text += f"\n{'':<12} hand runs, s CPU: " + " ".join(f"{c:.3f}" for _, c in hand_times)
     return text
+
+
+def render_settled(
+    tool_times: list[tuple[float, float]],
+    hand_times: list[tuple[float, float]],
+    tool_after: list[tuple[float, float]],
+    hand_after: list[tuple[float, float]],
+) -> str:
+    """The lines of each side's first ``git status`` after its runs, and the sums: medians of each
+    run plus its status (CPU; wall without the wait before the status)."""
+
+    def summed(times: list[tuple[float, float]], after: list[tuple[float, float]]) -> tuple[float, float]:
+        pairs = list(zip(times, after, strict=True))
+        return median([w + aw for (w, _), (aw, _) in pairs]), median([c + ac for (_, c), (_, ac) in pairs])
+
+    tw, tc = summed(tool_times, tool_after)
+    hw, hc = summed(hand_times, hand_after)
+    status_tool, status_hand = median([c for _, c in tool_after]), median([c for _, c in hand_after])
+    text = f"{'':<12} then the first git status: tool {status_tool:.3f} s CPU, hand {status_hand:.3f} s CPU"
+    text += f"\n{'':<12} status after each tool run, s CPU: " + " ".join(f"{c:.3f}" for _, c in tool_after)
+    text += f"\n{'':<12} status after each hand run, s CPU: " + " ".join(f"{c:.3f}" for _, c in hand_after)
+    text += f"\n{'':<12} with it, tool {tw:.3f} s wall {tc:.3f} s CPU, hand {hw:.3f} s wall {hc:.3f} s CPU:"
+    text += f" ratio {tw / hw:.2f}x wall {tc / hc:.2f}x CPU"
+    return text
+
+
+def first_status(tree: Path) -> tuple[float, float]:
+    """The first ``git status`` of a tree just built, once the clock is past the second its index
+    was written in (the wait is not timed): it hashes again each file git takes for racily clean
+    (a file as new as the index, to the second) and, able to write, leaves the index settled."""
+    written = (tree / ".git" / "index").stat().st_mtime
+    wait = math.floor(written) + 1.05 - time.time()
+    if wait > 0:
+        time.sleep(wait)
+    return measured(["git", "-C", str(tree), "status", "--porcelain"])
 
 
 def kept_builds_folder() -> Path:
@@ -324,6 +378,8 @@ def run(jobs: list[str], repeat: int, settle: float = 0.0, keep_trees: bool = Fa
                 hand_full,
                 before_tool=new_target("tool"),
                 before_hand=new_target("hand"),
+                after_tool=lambda: first_status(targets["tool"]),
+                after_hand=lambda: first_status(targets["hand"]),
             )
         if "first" in jobs:
             next_tool_target = new_target("tool")
@@ -340,6 +396,8 @@ def run(jobs: list[str], repeat: int, settle: float = 0.0, keep_trees: bool = Fa
                 hand_full,
                 before_tool=forget_builds,
                 before_hand=new_target("hand"),
+                after_tool=lambda: first_status(targets["tool"]),
+                after_hand=lambda: first_status(targets["hand"]),
             )
         if "export" in jobs:
             bench.job(
