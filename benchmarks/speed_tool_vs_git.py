@@ -34,10 +34,11 @@ After each run of the full and first jobs, once the clock has passed the second 
 run's index was written, the tree's first ``git status`` is timed apart and printed on a line of
 its own ("then the first git status"). git takes an entry whose file is as new as the index (to
 the second: the stat of git 2.39 as Debian builds it compares no nanoseconds) for racily clean,
-and hashes that file again at every read until an index write settles it. A checkout leaves the
-files it wrote in its last second so; the hand way's ``git am`` right after it pays for them
-(docs/speed.md), the tool's published tree leaves them to the first git command run in it. That
-line prices what each side leaves behind: the sums beside it compare two settled trees.
+and hashes that file again at every read until the index is written in a later second (``git
+status`` writes it back, ``git diff`` does not). A checkout leaves the files it wrote in its last
+second so; the hand way's ``git am`` right after it pays for them (docs/speed.md), the tool's
+published tree leaves them to the first git command run in it. That line prices what each side
+leaves behind: the sums beside it compare two settled trees.
 
 The full and first jobs remove the last tree before each run. On a file system that reuses freed
 inodes slowly (ext4 without a journal: docs/speed.md) the checkout right after a removal costs
@@ -173,15 +174,16 @@ class Bench:
         """Run both sides alternately; ``after_*``, where given, is timed apart right after each run
         of its side (the first ``git status`` of the tree it built: ``first_status``)."""
         tool_times, hand_times, own_times = [], [], []
-        after_times: dict[int, list[tuple[float, float]]] = {id(tool_times): [], id(hand_times): []}
+        tool_after: list[tuple[float, float]] = []
+        hand_after: list[tuple[float, float]] = []
         for round_number in range(self.repeat):
             # Tool first in even rounds, the hand way first in odd ones: where a run's cost drifts
             # during the job (on ext4 here, a checkout after trees were created and removed costs
             # more at each round), neither side is always the later one.
-            sides = [(before_tool, tool_run, after_tool, tool_times)]
+            sides = [(before_tool, tool_run, tool_times, after_tool, tool_after)]
             if hand_run is not None:
-                sides.append((before_hand, hand_run, after_hand, hand_times))
-            for prepare, timed, after, times in sides if round_number % 2 == 0 else sides[::-1]:
+                sides.append((before_hand, hand_run, hand_times, after_hand, hand_after))
+            for prepare, timed, times, after, after_times in sides if round_number % 2 == 0 else sides[::-1]:
                 prepare()
                 OWN_CPU_FILE.unlink(missing_ok=True)  # what a run reports is this run's alone
                 times.append(timed())
@@ -189,11 +191,11 @@ class Bench:
                 if own is not None:
                     own_times.append(own)
                 if after is not None:
-                    after_times[id(times)].append(after())
+                    after_times.append(after())
         self.rows.append((name, tool_label, hand_label, tool_times, hand_times))
         print(render_row(self.rows[-1]), flush=True)
-        if after_times[id(tool_times)] and after_times[id(hand_times)]:
-            print(render_settled(tool_times, hand_times, after_times[id(tool_times)], after_times[id(hand_times)]))
+        if tool_after and hand_after:
+            print(render_settled(tool_times, hand_times, tool_after, hand_after))
         if own_times:
             # What Python itself cost in the tool's runs; the rest of their CPU is git's.
             print(f"{'':<12} the tool's own process (Python), s CPU: median {median(own_times):.3f};", end=" ")
@@ -251,7 +253,7 @@ def render_settled(
 def first_status(tree: Path) -> tuple[float, float]:
     """The first ``git status`` of a tree just built, once the clock is past the second its index
     was written in (the wait is not timed): it hashes again each file git takes for racily clean
-    (a file as new as the index, to the second) and, able to write, leaves the index settled."""
+    (a file as new as the index, to the second) and writes the index back, which settles them."""
     written = (tree / ".git" / "index").stat().st_mtime
     wait = math.floor(written) + 1.05 - time.time()
     if wait > 0:

@@ -178,8 +178,9 @@ def _uncommitted(repo: git.Repo) -> bool:
 
     One ``git status``, not a ``git diff`` of the index and one of the tree: a tree apply-patches
     has just published may hold files git takes for racily clean (written in the second its index
-    was, docs/speed.md), which every ``git diff`` hashes again; ``git status`` hashes them once and,
-    where it can take the index's lock, writes the index back with them settled.
+    was, docs/speed.md), which every ``git diff`` hashes again; ``git status`` hashes them and,
+    where it can take the index's lock, writes the index back, which settles them once the
+    second has passed.
     """
     return bool(repo.git.status("--porcelain", "--untracked-files=no", "--no-renames"))
 
