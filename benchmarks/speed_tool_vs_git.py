@@ -286,6 +286,12 @@ def run(jobs: list[str], repeat: int, settle: float = 0.0, keep_trees: bool = Fa
         def tool_full() -> tuple[float, float]:
             return measured(bench.tool("apply-patches", "-o", str(targets["tool"])))
 
+        # Each full and first run is followed by the first git status of the tree it built (timed apart).
+        statuses_after = {
+            "after_tool": lambda: first_status(targets["tool"]),
+            "after_hand": lambda: first_status(targets["hand"]),
+        }
+
         def new_target(side: str) -> Callable[[], None]:
             base = bases[side]
 
@@ -380,8 +386,7 @@ def run(jobs: list[str], repeat: int, settle: float = 0.0, keep_trees: bool = Fa
                 hand_full,
                 before_tool=new_target("tool"),
                 before_hand=new_target("hand"),
-                after_tool=lambda: first_status(targets["tool"]),
-                after_hand=lambda: first_status(targets["hand"]),
+                **statuses_after,
             )
         if "first" in jobs:
             next_tool_target = new_target("tool")
@@ -398,8 +403,7 @@ def run(jobs: list[str], repeat: int, settle: float = 0.0, keep_trees: bool = Fa
                 hand_full,
                 before_tool=forget_builds,
                 before_hand=new_target("hand"),
-                after_tool=lambda: first_status(targets["tool"]),
-                after_hand=lambda: first_status(targets["hand"]),
+                **statuses_after,
             )
         if "export" in jobs:
             bench.job(

@@ -99,16 +99,17 @@ def test_uncommitted_changes_are_refused_and_an_untracked_file_is_not(project, m
     assert cli.main(["export-patches", "--allow-other-upstream", "--project", str(project)]) == 0
     before = snapshot(project / "patches")
     tree = project / "build" / "patched"
+    repo = git.Repo(tree)
     export = ["export-patches", "--allow-other-upstream", "--project", str(project)]
     (tree / "notes.txt").write_text("a file of the user's, never added\n")
     assert cli.main([*export, "--check"]) == 0
     core = tree / "vllm" / "core.py"
     replace_line(core, "line_20 = 200\n", "line_20 = 2000\n")  # an edit, not staged
     assert cli.main(export) == 2
-    git.Repo(tree).git.add("vllm/core.py")  # the same edit, staged
+    repo.git.add("vllm/core.py")  # the same edit, staged
     assert cli.main(export) == 2
     assert snapshot(project / "patches") == before
-    git.Repo(tree).git.reset("--hard", "--quiet")
+    repo.git.reset("--hard", "--quiet")
     assert cli.main([*export, "--check"]) == 0
 
 
