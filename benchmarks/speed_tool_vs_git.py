@@ -130,6 +130,21 @@ def hand_way_steps(tree: Path, tag: str, files: list[str]) -> list[list[str]]:
     ]
 
 
+def hand_incremental_steps(tree: Path, patch: Path) -> list[list[str]]:
+    """The hand way of a re-apply after the last patch changed: drop its commit, ``git am`` it again."""
+    return [
+        ["git", "-C", str(tree), "reset", "-q", "--hard", "HEAD~1"],
+        ["git", "-C", str(tree), "am", "-q", "--keep-cr", str(patch)],
+    ]
+
+
+def reworded(patch: bytes, label: str) -> bytes:
+    """``patch`` with ``label`` put in front of its Description: the message and its trailer block stay
+    well formed, and a label new at every run means no tree kept from an earlier run holds the series."""
+    assert b"\nDescription: " in patch
+    return patch.replace(b"\nDescription: ", f"\nDescription: ({label}) ".encode(), 1)
+
+
 def upstream_tag(project: Path) -> str:
     import tomllib
 
@@ -345,26 +360,17 @@ def run(jobs: list[str], repeat: int, settle: float = 0.0, keep_trees: bool = Fa
         if "incremental" in jobs:
             last = Path(files[-1])
             original = last.read_bytes()
-            # A reworded Description (the message and the trailer block stay well formed), new at
-            # every run: no tree the tool kept from an earlier run already holds the edited series.
-            assert b"\nDescription: " in original
             edits = {"tool": 0, "hand": 0}
 
             def edit(who: str) -> Callable[[], None]:
                 def step() -> None:
                     edits[who] += 1
-                    reworded = f"\nDescription: (reworded {who} {edits[who]}) ".encode()
-                    last.write_bytes(original.replace(b"\nDescription: ", reworded, 1))
+                    last.write_bytes(reworded(original, f"reworded {who} {edits[who]}"))
 
                 return step
 
             def hand_incremental() -> tuple[float, float]:
-                return sequence(
-                    [
-                        ["git", "-C", str(hand), "reset", "-q", "--hard", "HEAD~1"],
-                        ["git", "-C", str(hand), "am", "-q", "--keep-cr", str(last)],
-                    ]
-                )
+                return sequence(hand_incremental_steps(hand, last))
 
             bench.job(
                 "incremental",
