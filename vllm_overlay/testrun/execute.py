@@ -24,7 +24,7 @@ from vllm_overlay.junit import Case
 from vllm_overlay.testrun.verdicts import Result, counts
 
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-TOOL_TEST_MODULES = ("pytest", "unidiff", "git", "tqdm")
+TOOL_TEST_MODULES = ("pytest", "ruff", "unidiff", "git", "tqdm")  # the test extra and the tool's own
 
 
 @dataclass
@@ -200,13 +200,16 @@ def python_has(python: Path | str, modules: tuple[str, ...]) -> bool:
     return subprocess.run([str(python), "-c", code, *modules], capture_output=True, check=False).returncode == 0
 
 
-def tool_test_python(env_python: Path) -> Path | None:
-    """The environment's interpreter if it has the tool's dependencies, else the tool's own."""
-    if python_has(env_python, TOOL_TEST_MODULES):
-        return env_python
-    if python_has(sys.executable, TOOL_TEST_MODULES):
-        return Path(sys.executable)
-    return None
+def tool_test_python(python: Path | str | None = None) -> Path | None:
+    """The interpreter the tool tests run in: the tool's own (``python``, default this one) where it
+    holds the tool's test dependencies (``scripts/setup --test``), else None.
+
+    Never the vLLM test environment's, even where it holds pytest: the tool tests run where vllm is
+    not importable, as scripts/check runs them in .venv (some assert what a machine without vllm
+    does), and they lint with ruff, which that environment lacks.
+    """
+    chosen = Path(python or sys.executable)
+    return chosen if python_has(chosen, TOOL_TEST_MODULES) else None
 
 
 def base_environment(jobs: int) -> dict[str, str]:

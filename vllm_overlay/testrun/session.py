@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -177,9 +178,12 @@ def _session(
     if not applied.ok:
         return _apply_failed(applied)
     commits = [(patch, result.commit or "") for patch, result in zip(prefix, applied.results, strict=True)]
-    tool_python = tool_test_python(env.python) if config.tool_tests else None
+    tool_python = tool_test_python() if config.tool_tests else None
     if config.tool_tests and tool_python is None:
-        output.warn("no interpreter with pytest and the tool's dependencies: tool tests are not run")
+        output.warn(
+            f"{sys.executable} lacks the tool's test dependencies (scripts/setup --test installs them): "
+            "tool tests are not run"
+        )
     try:
         result = run_series(
             project_root=proj.root,

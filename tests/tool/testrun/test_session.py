@@ -79,3 +79,24 @@ def test_usage_errors_exit_2(fake_project: dict, tmp_path: Path) -> None:
     code = cli.main(["test-patches", "--project", str(fake_project["project"]), "--upstream",
                      str(fake_project["upstream"]), "--env", str(fake_project["env"])])  # fmt: skip
     assert code == 2  # a given environment that is not pristine is refused, never rebuilt
+
+
+def test_tool_tests_run_in_the_tools_interpreter_not_the_vllm_environment(
+    fake_project: dict, tmp_path: Path, capsys
+) -> None:
+    """The tool tests run where vllm is not importable, as scripts/check runs them in .venv. Run in
+    the test environment, which held pytest and the tool's modules, 7 of them failed: some assert
+    what a machine without vllm does, some lint with ruff, which that environment lacks."""
+    add_patch(fake_project, "Fix line one", "alpha", fix_line_one, RED_GREEN_TEST, "tests/test_core_upstream.py")
+    tool_dir = fake_project["project"] / "tests" / "tool"
+    tool_dir.mkdir()
+    # The fake environment sees this interpreter's site-packages too: every module the tool tests need.
+    (tool_dir / "test_where.py").write_text(
+        "import importlib.util\nimport sys\n\n\n"
+        "def test_vllm_is_not_importable_here():\n"
+        "    assert importlib.util.find_spec('vllm') is None, sys.executable\n"
+    )
+    code, data, _ = run_cli(fake_project, tmp_path, tool_tests=True)
+    out = capsys.readouterr()
+    assert code == 0, out.out + out.err
+    assert data["tool_tests"]["ok"] and not data["tool_tests"]["cached"], data["tool_tests"]
