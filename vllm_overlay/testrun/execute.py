@@ -200,16 +200,15 @@ def python_has(python: Path | str, modules: tuple[str, ...]) -> bool:
     return subprocess.run([str(python), "-c", code, *modules], capture_output=True, check=False).returncode == 0
 
 
-def tool_test_python(python: Path | str | None = None) -> Path | None:
-    """The interpreter the tool tests run in: the tool's own (``python``, default this one) where it
-    holds the tool's test dependencies (``scripts/setup --test``), else None.
+def tool_test_python() -> Path | None:
+    """The interpreter the tool tests run in: the tool's own where it holds the tool's test
+    dependencies (``scripts/setup --test``), else None.
 
     Never the vLLM test environment's, even where it holds pytest: the tool tests run where vllm is
     not importable, as scripts/check runs them in .venv (some assert what a machine without vllm
     does), and they lint with ruff, which that environment lacks.
     """
-    chosen = Path(python or sys.executable)
-    return chosen if python_has(chosen, TOOL_TEST_MODULES) else None
+    return Path(sys.executable) if python_has(sys.executable, TOOL_TEST_MODULES) else None
 
 
 def base_environment(jobs: int) -> dict[str, str]:
