@@ -96,11 +96,11 @@ def test_slug_cuts_at_a_word_boundary():
 def test_uncommitted_changes_are_refused_and_an_untracked_file_is_not(project, make_patch, upstream_dir, store_env):
     make_patch(upstream_dir, change_line_20, "core: change line 20")
     assert run_apply(project, upstream_dir)[0] == 0
-    assert cli.main(["export-patches", "--allow-other-upstream", "--project", str(project)]) == 0
+    export = ["export-patches", "--allow-other-upstream", "--project", str(project)]
+    assert cli.main(export) == 0
     before = snapshot(project / "patches")
     tree = project / "build" / "patched"
     repo = git.Repo(tree)
-    export = ["export-patches", "--allow-other-upstream", "--project", str(project)]
     (tree / "notes.txt").write_text("a file of the user's, never added\n")
     assert cli.main([*export, "--check"]) == 0
     core = tree / "vllm" / "core.py"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import importlib.util
 import os
 import signal
 import subprocess
@@ -195,11 +196,6 @@ def workdir_lock(workdir: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def python_has(python: Path | str, modules: tuple[str, ...]) -> bool:
-    code = "import importlib.util, sys; sys.exit(any(importlib.util.find_spec(m) is None for m in sys.argv[1:]))"
-    return subprocess.run([str(python), "-c", code, *modules], capture_output=True, check=False).returncode == 0
-
-
 def tool_test_python() -> Path | None:
     """The interpreter the tool tests run in: the tool's own where it holds the tool's test
     dependencies (``scripts/setup --test``), else None.
@@ -208,7 +204,7 @@ def tool_test_python() -> Path | None:
     not importable, as scripts/check runs them in .venv (some assert what a machine without vllm
     does), and they lint with ruff, which that environment lacks.
     """
-    return Path(sys.executable) if python_has(sys.executable, TOOL_TEST_MODULES) else None
+    return Path(sys.executable) if all(importlib.util.find_spec(m) for m in TOOL_TEST_MODULES) else None
 
 
 def base_environment(jobs: int) -> dict[str, str]:
