@@ -71,11 +71,15 @@ class ConfigView(SimpleNamespace):
     max_concurrent_batches = VllmConfig.max_concurrent_batches
 
 
-def config_view(world_size: int, async_scheduling: bool, fault_tolerance: bool) -> ConfigView:
+def config_view(
+    world_size: int, async_scheduling: bool, fault_tolerance: bool, pipeline_parallel_size: int = 1
+) -> ConfigView:
     return ConfigView(
         parallel_config=SimpleNamespace(
             world_size=world_size,
-            pipeline_parallel_size=1,
+            pipeline_parallel_size=pipeline_parallel_size,
+            tensor_parallel_size=world_size // pipeline_parallel_size,
+            prefill_context_parallel_size=1,
             enable_expert_parallel=False,
             nnodes_within_dp=1,
             enable_fault_tolerance=fault_tolerance,
@@ -101,7 +105,15 @@ Step = Callable[[int, str, Any], Any]
 
 
 class Pipeline:
-    """`step(rank, method, batch)` answers every rank's RPCs."""
+    """`step(rank, method, batch)` answers every rank's RPCs.
+
+    With ``pipeline_parallel_size`` > 1 the ranks are the stages (one rank
+    each) and the output rank is the last stage's, as the real executor's
+    _get_output_rank makes it. Utility RPCs the engine core sends between
+    steps reach the stand-in worker as add_lora(request) and
+    profile(is_start) (the real Worker's signatures); ``step`` answers them
+    too, with the request (or is_start) as its batch argument.
+    """
 
     def __init__(
         self,
@@ -111,6 +123,7 @@ class Pipeline:
         world_size: int = 1,
         async_scheduling: bool = True,
         fault_tolerance: bool = False,
+        pipeline_parallel_size: int = 1,
     ) -> None:
         class Worker:
             def __init__(self, rpc_rank: int = 0, global_rank: int = 0) -> None:
@@ -134,6 +147,12 @@ class Pipeline:
             def check_health(self) -> Any:
                 return step(self.rank, "check_health", None)
 
+            def add_lora(self, lora_request: Any) -> Any:
+                return step(self.rank, "add_lora", lora_request)
+
+            def profile(self, is_start: bool = True, profile_prefix: str | None = None) -> Any:
+                return step(self.rank, "profile", is_start)
+
             def stop(self) -> None:
                 raise StopWorkerLoop
 
@@ -141,7 +160,7 @@ class Pipeline:
         monkeypatch.setattr(WorkerProc, "setup_proc_title_and_log_prefix", staticmethod(lambda enable_ep: None))
         monkeypatch.setattr(mp_executor, "enable_envs_cache", lambda: None)
 
-        self.config = config_view(world_size, async_scheduling, fault_tolerance)
+        self.config = config_view(world_size, async_scheduling, fault_tolerance, pipeline_parallel_size)
         broadcast = MessageQueue(world_size, world_size)
         self.procs = [
             WorkerProc(
@@ -167,7 +186,9 @@ class Pipeline:
         executor: Any = MultiprocExecutor.__new__(MultiprocExecutor)
         executor.vllm_config = self.config
         executor.is_failed = False
-        executor.output_rank = 0
+        executor.world_size = world_size
+        executor.parallel_config = self.config.parallel_config
+        executor.output_rank = executor._get_output_rank()
         executor.futures_queue = deque()
         executor.rpc_broadcast_mq = broadcast
         executor.response_mqs = self.response_readers
@@ -219,7 +240,13 @@ class Pipeline:
             return
         self.executor.is_failed = False
         self.executor.futures_queue.clear()
-        self.executor.collective_rpc("stop", non_block=True)
+        try:
+            # A rank blocked on its full response queue no longer reads the
+            # broadcast queue, which then fills too: never wait on it here.
+            self.executor.rpc_broadcast_mq.enqueue(("stop", (), {}, None), timeout=2)
+        except TimeoutError:
+            for proc in self.procs:
+                proc.rpc_broadcast_mq.shutdown()
         for t in self.rpc_threads:
             t.join(timeout=2)
 

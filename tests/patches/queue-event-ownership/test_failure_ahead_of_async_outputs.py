@@ -15,6 +15,7 @@ qeo_worker_pipeline.py for each seam and why.
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -141,4 +142,46 @@ def test_failure_with_nothing_pending_keeps_rpc_order(monkeypatch):
         assert not pipe.executor.is_failed
         assert pipe.executor.execute_model("B") == "output of B"
     finally:
+        pipe.close()
+
+
+def test_failed_utility_call_behind_an_unsent_output_keeps_the_executor(monkeypatch):
+    """Passes on 0.33.0: TP=1, async scheduling (vLLM's default), fault
+    tolerance off. Batch A's output is still on its way to the host when a
+    utility RPC raises on the worker (add_lora of an adapter the worker
+    rejects). A is delivered, the error reaches the add_lora caller, the
+    executor is not failed and the next batch gets its own output: a failed
+    utility call fails only itself, only a failed model step ends the
+    executor."""
+    release_a = threading.Event()
+    rejected = "LoRA rank 64 is greater than max_lora_rank 16"
+
+    def step(rank: int, method: str, batch: Any) -> Any:
+        if method == "add_lora":
+            threading.Timer(0.3, release_a.set).start()
+            raise ValueError(rejected)
+        return GpuOutput(batch, release_a)
+
+    pipe = Pipeline(monkeypatch, step)
+    try:
+
+        def engine_core() -> tuple[Any, Any]:
+            # One thread, as the engine core's busy loop: the blocking
+            # utility RPC first waits for batch A's future.
+            future_a = pipe.executor.execute_model("A", non_block=True)
+            try:
+                pipe.executor.collective_rpc("add_lora", args=("lora",))
+            except Exception as e:
+                return future_a.exception() or future_a.result(), e
+            pytest.fail("add_lora returned although the worker rejected the adapter")
+
+        outcome = pipe.resolve_in_background(SimpleNamespace(result=engine_core)).get(timeout=10)
+        assert outcome[0] == "result", outcome
+        output_a, error = outcome[1]
+        assert output_a == "output of A"
+        assert rejected in str(error)
+        assert not pipe.executor.is_failed
+        assert pipe.executor.execute_model("B") == "output of B"
+    finally:
+        release_a.set()
         pipe.close()

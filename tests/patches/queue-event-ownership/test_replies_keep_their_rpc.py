@@ -18,6 +18,7 @@ each seam and why.
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -117,6 +118,40 @@ def test_fault_tolerance_keeps_kv_notices_of_a_timed_out_rpc(monkeypatch):
         c = pipe.executor.execute_model("C")
         assert c.req_ids == ["rank 0 C"]
         assert c.kv_connector_output.finished_sending == {"req-0"}
+        assert not pipe.executor.is_failed
+    finally:
+        pipe.close()
+
+
+def test_pp2_batch_after_a_failed_utility_call_gets_its_own_output(monkeypatch):
+    """PP=2 (one rank per stage, the last stage's rank 1 is the output rank),
+    fault tolerance off, the batch queue holding two batches: a utility RPC
+    that raises on both ranks (a LoRA adapter the workers reject) reaches its
+    caller, both batches are delivered, and the next batch gets rank 1's
+    output of it. On 0.33.0 the utility RPC stops at rank 0's failure, and
+    the next batch reads rank 1's failure to the utility RPC as its own
+    output: the engine dies on the first rejected adapter."""
+    rejected = "LoRA rank 64 is greater than max_lora_rank 16"
+
+    def step(rank: int, method: str, batch: Any) -> Any:
+        if method == "add_lora":
+            raise ValueError(rejected)
+        if batch in ("A", "B") and rank == 1:
+            time.sleep(0.2)  # the last stage still computes while the call comes
+        return f"rank {rank} output of {batch}"
+
+    pipe = Pipeline(monkeypatch, step, world_size=2, pipeline_parallel_size=2, async_scheduling=False)
+    try:
+
+        def engine_core() -> list[Any]:
+            # One thread, as the engine core's busy loop with its batch queue.
+            futures = [pipe.executor.execute_model(b, non_block=True) for b in ("A", "B")]
+            with pytest.raises(RuntimeError, match=rejected):
+                pipe.executor.collective_rpc("add_lora", args=("lora",))
+            return [f.result() for f in futures] + [pipe.executor.execute_model("C")]
+
+        outcome = pipe.resolve_in_background(SimpleNamespace(result=engine_core)).get(timeout=10)
+        assert outcome == ("result", ["rank 1 output of A", "rank 1 output of B", "rank 1 output of C"])
         assert not pipe.executor.is_failed
     finally:
         pipe.close()

@@ -22,11 +22,12 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import vllm.distributed.device_communicators.shm_broadcast as shm_broadcast
-from qeo_worker_pipeline import DELIVERY_BOUND_S, Pipeline, outcome_within_bound, rank_output
+from qeo_worker_pipeline import DELIVERY_BOUND_S, GpuOutput, Pipeline, outcome_within_bound, rank_output
 from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
 
 
@@ -400,4 +401,131 @@ def test_fault_tolerance_keeps_kv_notices_read_before_the_failure(monkeypatch):
         assert not pipe.executor.is_failed
     finally:
         late.set()
+        pipe.close()
+
+
+# A LoRA adapter the workers reject: Worker.add_lora raises on every rank
+# (the rank is above max_lora_rank), and the engine core returns the error to
+# the add_lora caller (EngineCoreProc._invoke_utility_method) and keeps serving.
+LORA_REJECTED = "LoRA rank 64 is greater than max_lora_rank 16"
+
+
+def _as_the_engine_core(what: Callable[[], Any], bound_s: float = 10.0) -> Any:
+    """Run `what` on one thread, as the engine core's busy loop runs its
+    steps and utility calls (a blocking RPC first waits for the futures ahead
+    of it), and return what it returns within `bound_s` seconds."""
+    outcome: queue.Queue = queue.Queue()
+
+    def run() -> None:
+        try:
+            outcome.put(("result", what()))
+        except BaseException as e:
+            outcome.put(("error", e))
+
+    threading.Thread(target=run, daemon=True).start()
+    try:
+        kind, value = outcome.get(timeout=bound_s)
+    except queue.Empty:
+        pytest.fail(f"the engine core's thread did not come back within {bound_s}s")
+    if kind == "error":
+        raise value
+    return value
+
+
+def _utility_outcome(pipe: Pipeline, method: str) -> tuple[str, Any]:
+    """The utility RPC's outcome as its caller sees it."""
+    try:
+        return "result", pipe.executor.collective_rpc(method, args=("lora",))
+    except Exception as e:
+        return "error", e
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        pytest.param({"world_size": 2, "async_scheduling": True}, id="tp2-async"),
+        pytest.param({"world_size": 2, "pipeline_parallel_size": 2, "async_scheduling": False}, id="pp2"),
+    ],
+)
+def test_failed_utility_call_while_a_batch_is_in_flight_keeps_the_executor(monkeypatch, layout):
+    """Passes on 0.33.0: fault tolerance off, a batch in flight (async
+    scheduling at TP=2; the batch queue at PP=2, two batches), and a utility
+    RPC that raises on every rank (a LoRA adapter the workers reject). The
+    batches are delivered, the error reaches the add_lora caller, the
+    executor is not failed and the next batch gets its own output. Only a
+    failed model step may end the executor early."""
+    output_rank = layout["world_size"] - 1 if layout.get("pipeline_parallel_size", 1) > 1 else 0
+    release = threading.Event()
+    batches = ["A", "B"] if layout.get("pipeline_parallel_size", 1) > 1 else ["A"]
+
+    def step(rank: int, method: str, batch: Any) -> Any:
+        if method == "add_lora":
+            threading.Timer(0.3, release.set).start()
+            raise ValueError(LORA_REJECTED)
+        if batch in batches and rank == output_rank:
+            if layout["async_scheduling"]:
+                return GpuOutput(batch, release)
+            assert release.wait(timeout=30), f"batch {batch} never released"
+            return f"output of {batch}"
+        if batch == "C" and layout["async_scheduling"]:
+            return GpuOutput(batch, release)
+        return f"output of {batch}"
+
+    pipe = Pipeline(monkeypatch, step, **layout)
+    try:
+
+        def engine_core() -> tuple[list[Any], tuple[str, Any]]:
+            futures = [pipe.executor.execute_model(b, non_block=True) for b in batches]
+            utility = _utility_outcome(pipe, "add_lora")
+            return [f.exception() or f.result() for f in futures], utility
+
+        delivered, (kind, value) = _as_the_engine_core(engine_core)
+        assert delivered == [f"output of {b}" for b in batches]
+        assert kind == "error" and LORA_REJECTED in str(value), (kind, value)
+        assert not pipe.executor.is_failed
+        if layout.get("pipeline_parallel_size", 1) == 1:
+            # At PP=2 0.33.0 takes the output rank's stale reply to add_lora
+            # for the next batch's; test_replies_keep_their_rpc.py has that.
+            assert _as_the_engine_core(lambda: pipe.executor.execute_model("C")) == "output of C"
+    finally:
+        release.set()
+        pipe.close()
+
+
+PROFILER_OFF = "Profiling is not enabled"
+
+
+@pytest.mark.parametrize("calls, then_a_model_step", [(20, False), (100, True)], ids=["20", "100-then-step"])
+def test_back_to_back_failing_collective_calls_never_fill_a_queue(monkeypatch, calls, then_a_model_step):
+    """An idle TP=2 engine gets back-to-back collective RPCs that raise on
+    every rank (start_profile with no profiler configured, through the
+    dev-mode /collective_rpc endpoint); each must reach its caller as an
+    error, and a model step that needs both ranks (a collective between
+    them) must then return its own output. What a failed RPC owes must be
+    read when that RPC ends, so no number of such calls fills rank 1's
+    response queue (10 slots): a full one blocks rank 1, which then stops
+    reading the broadcast queue (10 slots), and once that is full the next
+    call blocks the engine core. 0.33.0 leaves one stale reply per call
+    there and hangs at the 22nd call (20 pass, 100 fail); leaving the
+    failure's announcement too makes it two per call (hang at the 17th)."""
+    collective = threading.Barrier(2)
+
+    def step(rank: int, method: str, batch: Any) -> Any:
+        if method == "profile":
+            if rank == 1:
+                time.sleep(0.02)  # rank 1's error comes after rank 0's was read
+            raise RuntimeError(PROFILER_OFF)
+        collective.wait(timeout=5)  # the step's all-reduce: both ranks must come
+        return f"rank {rank} output of {batch}"
+
+    pipe = Pipeline(monkeypatch, step, world_size=2, async_scheduling=False)
+    try:
+        for _ in range(calls):
+            kind, value = _as_the_engine_core(lambda: _utility_outcome(pipe, "profile"))
+            assert kind == "error" and PROFILER_OFF in str(value), (kind, value)
+        if then_a_model_step:
+            assert _as_the_engine_core(lambda: pipe.executor.execute_model("B")) == "rank 0 output of B"
+        assert not pipe.executor.is_failed
+    finally:
+        collective.abort()
         pipe.close()
