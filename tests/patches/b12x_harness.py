@@ -181,6 +181,76 @@ def apply_b12x_tp_routes(experts: B12xExperts, topk_ids: torch.Tensor, topk_weig
     )
 
 
+def nvfp4_quant_config(num_experts: int, hidden: int, intermediate: int, gated: bool = True) -> FusedMoEQuantConfig:
+    """The NVFP4 scales a FlashInferB12xExperts layer takes (ones: construction reads their shapes)."""
+    e = num_experts
+    w1_rows = intermediate * (2 if gated else 1)
+    return nvfp4_moe_quant_config(
+        g1_alphas=torch.ones(e),
+        g2_alphas=torch.ones(e),
+        a1_gscale=torch.ones(e),
+        a2_gscale=torch.ones(e),
+        w1_scale=torch.ones(e, w1_rows, hidden // 16).to(torch.float8_e4m3fn),
+        w2_scale=torch.ones(e, hidden, intermediate // 16).to(torch.float8_e4m3fn),
+    )
+
+
+def make_model_layers(backend: str, moe_config: FusedMoEConfig, count: int) -> list[Any]:
+    """``count`` real experts layers of one backend ("flashinfer": FlashInferB12xExperts, "b12x":
+    B12xExperts in its nvfp4 mode) built from one MoE config and one quant config, as the MoE
+    layers of one model are, so that what differs between them is what each allocates itself."""
+    if backend == "flashinfer":
+        quant_config = nvfp4_quant_config(
+            moe_config.num_experts,
+            moe_config.hidden_dim,
+            moe_config.intermediate_size_per_partition,
+            moe_config.activation.is_gated,
+        )
+        return [FlashInferB12xExperts(moe_config, quant_config) for _ in range(count)]
+    scale = torch.ones(1, dtype=torch.float32)
+    quant_config = FusedMoEQuantConfig.make(
+        quant_dtype="nvfp4",
+        weight_dtype="nvfp4",
+        w1_scale=scale,
+        w2_scale=scale,
+        g1_alphas=scale,
+        g2_alphas=scale,
+        a1_gscale=scale,
+        a2_gscale=scale,
+    )
+    return [B12xExperts(moe_config, quant_config) for _ in range(count)]
+
+
+def held_bytes(*roots: object) -> int:
+    """Bytes of the distinct tensor storages the roots hold, whatever attribute holds them.
+
+    Every tensor reachable through the attributes of vLLM and flashinfer objects and the containers
+    they hold is counted, each storage once (views share their base's storage; on ``meta`` storages
+    are told apart by their StorageImpl handle, as their data pointers are all 0).
+    """
+    storages: dict[int, int] = {}
+    visited: set[int] = set()
+    stack: list[object] = list(roots)
+    while stack:
+        obj = stack.pop()
+        if id(obj) in visited or isinstance(obj, type):
+            continue
+        visited.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            storage = obj.untyped_storage()
+            storages[storage._cdata] = storage.nbytes()
+        elif isinstance(obj, dict):
+            stack.extend(obj.values())
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            stack.extend(obj)
+        elif type(obj).__module__.split(".")[0] in ("vllm", "flashinfer"):
+            stack.extend(vars(obj).values() if hasattr(obj, "__dict__") else ())
+            for cls in type(obj).__mro__:
+                slots = cls.__dict__.get("__slots__", ())
+                stack.extend(getattr(obj, name, None) for name in ((slots,) if isinstance(slots, str) else slots))
+    return sum(storages.values())
+
+
 def describe_vllm() -> str:
     """Which vLLM and which vLLM platform this process runs (for a benchmark's record)."""
     import vllm
