@@ -529,3 +529,36 @@ def test_back_to_back_failing_collective_calls_never_fill_a_queue(monkeypatch, c
     finally:
         collective.abort()
         pipe.close()
+
+
+def test_shutdown_ends_a_remote_readers_poll():
+    """A caller waiting on a rank of another node (a remote reader of its
+    response queue, as the leader reads remote ranks with nnodes_within_dp >
+    1) polls that rank's socket; shutdown() from another thread must end the
+    wait with 0.33.0's RuntimeError("cancelled"), as it ends a local reader's,
+    also before any message came. Loopback only."""
+    writer = shm_broadcast.MessageQueue(1, 0, connect_ip="127.0.0.1")
+    reader = shm_broadcast.MessageQueue.create_from_handle(writer.export_handle(), 0)
+    handshake = threading.Thread(target=reader.wait_until_ready, daemon=True)
+    handshake.start()
+    writer.wait_until_ready()
+    handshake.join(timeout=10)
+    assert not handshake.is_alive(), "message queue handshake did not finish"
+
+    outcome: queue.Queue = queue.Queue()
+
+    def wait() -> None:
+        try:
+            outcome.put(("result", reader.poll(None)))
+        except RuntimeError as e:
+            outcome.put(("error", str(e)))
+
+    threading.Thread(target=wait, daemon=True).start()
+    time.sleep(0.2)  # the poll is waiting on the socket
+    reader.shutdown()
+    try:
+        assert outcome.get(timeout=DELIVERY_BOUND_S) == ("error", "cancelled")
+    except queue.Empty:
+        pytest.fail(f"poll() still waited {DELIVERY_BOUND_S}s after shutdown()")
+    with pytest.raises(RuntimeError, match="cancelled"):
+        reader.poll(0.0)
