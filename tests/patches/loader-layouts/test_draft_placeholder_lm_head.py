@@ -35,6 +35,7 @@ and the FP8 method's ``process_weights_after_loading`` only records the layer.
 """
 
 import logging
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -76,7 +77,7 @@ def _load_draft(tmp_path, *, draft_tensors, quantization_config=None):
     return _load_draft_with_config(tmp_path, draft_tensors=draft_tensors, quantization_config=quantization_config)[0]
 
 
-def _load_draft_with_config(tmp_path, *, draft_tensors, quantization_config=None):
+def _load_draft_with_config(tmp_path, *, draft_tensors, quantization_config=None, **speculative_options):
     target = write_checkpoint(
         tmp_path / "target",
         dict(LLAMA, architectures=["LlamaForCausalLM"]),
@@ -87,7 +88,7 @@ def _load_draft_with_config(tmp_path, *, draft_tensors, quantization_config=None
         draft_config["quantization_config"] = quantization_config
     draft = write_checkpoint(tmp_path / "draft", draft_config, draft_tensors)
 
-    return load_speculative_draft(target, "eagle3", draft)
+    return load_speculative_draft(target, "eagle3", draft, **speculative_options)
 
 
 def _record_processed_layers(monkeypatch, method_cls, *, run_original: bool):
@@ -207,17 +208,96 @@ class _TargetWithoutHead(torch.nn.Module):
         self.model.embed_tokens = embed_tokens or torch.nn.Embedding(VOCAB, HIDDEN)
 
 
-def test_draft_left_without_a_head_fails_at_load_naming_the_draft(gloo_world, tmp_path, shell_eagle_proposer):
-    draft, vllm_config = _load_draft_with_config(tmp_path, draft_tensors=_draft_weights())
+def _shared_with_headless_target(tmp_path, shell_eagle_proposer, **speculative_options):
+    """The real EagleProposer sharing steps and check against a target without an lm_head."""
+    draft, vllm_config = _load_draft_with_config(tmp_path, draft_tensors=_draft_weights(), **speculative_options)
     target = _TargetWithoutHead()
     proposer = shell_eagle_proposer(draft, vllm_config)
 
     proposer._maybe_share_embeddings(target)
     proposer._maybe_share_lm_head(target)
-
     assert draft.model.embed_tokens is target.model.embed_tokens
-    with pytest.raises(RuntimeError, match=r"Draft model Eagle3LlamaForCausalLM \(.*draft\) has no lm_head"):
-        base_loader.check_draft_placeholders_shared(draft, vllm_config)
+    base_loader.check_draft_placeholders_shared(draft, vllm_config)
+    return draft
+
+
+def test_draft_left_without_a_head_gets_its_own_back_and_an_error_naming_it(
+    gloo_world, tmp_path, shell_eagle_proposer, monkeypatch, caplog
+):
+    """By default the draft starts as on 0.33.0, on the head it built, now
+    post-processed as the loader would have; an error names draft, weight and why."""
+    processed = _record_processed_layers(monkeypatch, UnquantizedEmbeddingMethod, run_original=True)
+    with caplog.at_level(logging.ERROR, logger="vllm.model_executor.model_loader.base_loader"):
+        draft = _shared_with_headless_target(tmp_path, shell_eagle_proposer)
+
+    assert isinstance(draft.lm_head, ParallelLMHead)
+    assert draft.lm_head in processed
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1, errors
+    assert re.search(
+        r"Draft model Eagle3LlamaForCausalLM \(.*draft\) runs with an uninitialized lm_head: its "
+        r"checkpoint does not contain it and the target model's could not replace it",
+        errors[0],
+    )
+    assert "refuse_uninitialized_draft_weights" in errors[0]
+
+
+def test_draft_left_without_a_head_is_refused_when_asked(gloo_world, tmp_path, shell_eagle_proposer):
+    with pytest.raises(
+        RuntimeError,
+        match=r"Draft model Eagle3LlamaForCausalLM \(.*draft\) runs with an uninitialized lm_head.*"
+        r"Refused: speculative_config.refuse_uninitialized_draft_weights is set",
+    ):
+        _shared_with_headless_target(tmp_path, shell_eagle_proposer, refuse_uninitialized_draft_weights=True)
+
+
+def _start_headless_target_draft(tmp_path, runner: str, shell_proposer, **speculative_options):
+    """Start an EAGLE-3 draft without an lm_head in its checkpoint beside a
+    target without one, through the runner's own load path: the v1
+    EagleProposer.load_model (shares nothing, the target has no lm_head) or the
+    v2 load_eagle_model (no target head to share)."""
+    from vllm.v1.spec_decode.eagle import EagleProposer
+    from vllm.v1.worker.gpu.spec_decode.eagle.utils import load_eagle_model
+
+    target_path = write_checkpoint(
+        tmp_path / "target",
+        dict(LLAMA, architectures=["LlamaForCausalLM"]),
+        {"lm_head.weight": torch.zeros(VOCAB, HIDDEN, dtype=torch.bfloat16)},
+    )
+    draft_path = write_checkpoint(
+        tmp_path / "draft",
+        dict(LLAMA, architectures=["Eagle3LlamaForCausalLM"], num_hidden_layers=0),
+        _draft_weights(),
+    )
+    vllm_config = speculative_vllm_config(target_path, "eagle3", draft_path, **speculative_options)
+    target = _TargetWithoutHead()
+    with set_current_vllm_config(vllm_config):
+        if runner == "v1":
+            proposer = shell_proposer(EagleProposer, vllm_config)
+            proposer.load_model(target)
+            draft = proposer.model
+        else:
+            draft = load_eagle_model(target, vllm_config)
+    return draft, target
+
+
+@pytest.mark.parametrize("runner", ["v1", "v2"])
+def test_draft_whose_head_the_target_cannot_replace_starts_as_on_0_33_0(gloo_world, tmp_path, shell_proposer, runner):
+    """0.33.0 starts this draft on the head it built (never loaded); the
+    target verifies every draft token, so the output is correct and only the
+    acceptance rate suffers. Default settings must keep starting it."""
+    draft, target = _start_headless_target_draft(tmp_path, runner, shell_proposer)
+
+    assert draft.has_own_lm_head is False
+    assert isinstance(draft.lm_head, ParallelLMHead)
+    assert draft.model.embed_tokens is target.model.embed_tokens
+
+
+@pytest.mark.parametrize("runner", ["v1", "v2"])
+def test_draft_whose_head_the_target_cannot_replace_is_refused_when_asked(gloo_world, tmp_path, shell_proposer, runner):
+    refusal = r"Draft model Eagle3LlamaForCausalLM \(.*draft\) runs with an uninitialized lm_head.*Refused"
+    with pytest.raises(RuntimeError, match=refusal):
+        _start_headless_target_draft(tmp_path, runner, shell_proposer, refuse_uninitialized_draft_weights=True)
 
 
 def test_draft_whose_head_was_shared_passes_the_check(gloo_world, tmp_path, shell_eagle_proposer):
@@ -364,7 +444,7 @@ class _LastStageTarget(torch.nn.Module):
         self.lm_head = ParallelLMHead(VOCAB, HIDDEN)
 
 
-def _load_pp2_eagle3_draft(tmp_path, shell_proposer, monkeypatch):
+def _load_pp2_eagle3_draft(tmp_path, shell_proposer, monkeypatch, **speculative_options):
     """PP = 2 on the v1 runner, this rank the last stage, an EAGLE-3 draft with
     neither embedding nor head in its checkpoint (EAGLE-3 checkpoints ship no
     embedding), through the real EagleProposer.load_model. Seam: get_pp_group
@@ -384,7 +464,9 @@ def _load_pp2_eagle3_draft(tmp_path, shell_proposer, monkeypatch):
         dict(LLAMA, architectures=["Eagle3LlamaForCausalLM"], num_hidden_layers=0),
         _draft_weights(),
     )
-    vllm_config = speculative_vllm_config(target_path, "eagle3", draft_path, pipeline_parallel_size=2)
+    vllm_config = speculative_vllm_config(
+        target_path, "eagle3", draft_path, pipeline_parallel_size=2, **speculative_options
+    )
     stages = SimpleNamespace(world_size=2, rank_in_group=1, is_first_rank=False, is_last_rank=True)
     monkeypatch.setattr(llm_base_proposer, "get_pp_group", lambda: stages)
     target = _LastStageTarget()
@@ -407,13 +489,23 @@ def test_pp2_eagle3_draft_without_embedding_starts_as_on_0_33_0(gloo_world, tmp_
     assert draft.lm_head is target.lm_head
 
 
-def test_pp2_eagle3_draft_without_embedding_is_warned_about(gloo_world, tmp_path, shell_proposer, monkeypatch, caplog):
+def test_pp2_eagle3_draft_without_embedding_is_reported_at_error_level(
+    gloo_world, tmp_path, shell_proposer, monkeypatch, caplog
+):
     """What 0.33.0 leaves unsaid: the kept embedding was never initialized."""
-    with caplog.at_level(logging.WARNING, logger="vllm.v1.spec_decode.llm_base_proposer"):
+    with caplog.at_level(logging.ERROR, logger="vllm.model_executor.model_loader.base_loader"):
         _load_pp2_eagle3_draft(tmp_path, shell_proposer, monkeypatch)
 
-    assert any(
-        "Draft model Eagle3LlamaForCausalLM has no embed_tokens in its checkpoint" in record.getMessage()
-        and "uninitialized weights" in record.getMessage()
-        for record in caplog.records
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1, errors
+    assert re.search(
+        r"Draft model Eagle3LlamaForCausalLM \(.*draft\) runs with an uninitialized model.embed_tokens: "
+        r"its checkpoint does not contain it, and the target model's is not shared with a draft under "
+        r"pipeline parallelism",
+        errors[0],
     )
+
+
+def test_pp2_eagle3_draft_without_embedding_is_refused_when_asked(gloo_world, tmp_path, shell_proposer, monkeypatch):
+    with pytest.raises(RuntimeError, match=r"runs with an uninitialized model.embed_tokens.*Refused"):
+        _load_pp2_eagle3_draft(tmp_path, shell_proposer, monkeypatch, refuse_uninitialized_draft_weights=True)

@@ -39,6 +39,8 @@ The attention layer is built, never run.
 """
 
 import json
+import logging
+import re
 
 import pytest
 import torch
@@ -107,8 +109,8 @@ def processed_embeddings(monkeypatch):
     return processed
 
 
-def _load_mtp_draft(tmp_path, *, with_lm_head: bool):
-    """Load the MTP draft the way the proposer does; returns it and its config."""
+def _write_qwen3_5(tmp_path, *, with_lm_head: bool) -> tuple[str, dict[str, torch.Tensor]]:
+    """A tiny qwen3_5 checkpoint with its MTP layer; its lm_head only where asked."""
     path = tmp_path / "qwen3_5"
     path.mkdir()
     config = dict(
@@ -125,8 +127,13 @@ def _load_mtp_draft(tmp_path, *, with_lm_head: bool):
     if with_lm_head:
         tensors["lm_head.weight"] = torch.randn(VOCAB, HIDDEN).to(DTYPE)
     save_file(tensors, path / "model.safetensors")
+    return str(path), tensors
 
-    draft, vllm_config = load_speculative_draft(str(path), "mtp")
+
+def _load_mtp_draft(tmp_path, *, with_lm_head: bool, **speculative_options):
+    """Load the MTP draft the way the proposer does; returns it and its config."""
+    path, tensors = _write_qwen3_5(tmp_path, with_lm_head=with_lm_head)
+    draft, vllm_config = load_speculative_draft(path, "mtp", **speculative_options)
     assert type(draft).__name__ == "Qwen3_5MTP"
     return draft, vllm_config, tensors
 
@@ -167,8 +174,8 @@ class _Target(torch.nn.Module):
             self.lm_head = lm_head
 
 
-def test_mtp_draft_left_without_a_head_fails_at_load_naming_the_draft(
-    gloo_world, cpu_attention_backend, shell_eagle_proposer, tmp_path
+def test_mtp_draft_left_without_a_head_gets_its_own_back_and_an_error_naming_it(
+    gloo_world, cpu_attention_backend, shell_eagle_proposer, tmp_path, caplog
 ):
     draft, vllm_config, _ = _load_mtp_draft(tmp_path, with_lm_head=False)
     target = _Target(lm_head=None)
@@ -176,10 +183,59 @@ def test_mtp_draft_left_without_a_head_fails_at_load_naming_the_draft(
 
     proposer._maybe_share_embeddings(target)
     proposer._maybe_share_lm_head(target)
+    with caplog.at_level(logging.ERROR, logger="vllm.model_executor.model_loader.base_loader"):
+        base_loader.check_draft_placeholders_shared(draft, vllm_config)
 
     assert draft.model.embed_tokens is target.model.embed_tokens
-    with pytest.raises(RuntimeError, match=r"Draft model Qwen3_5MTP \(.*qwen3_5\) has no lm_head"):
-        base_loader.check_draft_placeholders_shared(draft, vllm_config)
+    assert isinstance(draft.lm_head, ParallelLMHead)
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1, errors
+    assert re.search(r"Draft model Qwen3_5MTP \(.*qwen3_5\) runs with an uninitialized lm_head", errors[0])
+
+
+def _start_mtp_draft_beside_headless_target(tmp_path, runner: str, shell_proposer, **speculative_options):
+    """Start the Qwen3_5MTP draft (no lm_head in the checkpoint) beside a target
+    without one, through the runner's own load path: v1 EagleProposer.load_model
+    (its MTP branch shares nothing, the target has no lm_head) or v2
+    load_eagle_model (what MTPSpeculator calls)."""
+    path, _ = _write_qwen3_5(tmp_path, with_lm_head=False)
+    vllm_config = speculative_vllm_config(path, "mtp", **speculative_options)
+    target = _Target(lm_head=None)
+    with set_current_vllm_config(vllm_config):
+        if runner == "v1":
+            from vllm.v1.spec_decode.eagle import EagleProposer
+
+            proposer = shell_proposer(EagleProposer, vllm_config)
+            proposer.load_model(target)
+            draft = proposer.model
+        else:
+            from vllm.v1.worker.gpu.spec_decode.eagle.utils import load_eagle_model
+
+            draft = load_eagle_model(target, vllm_config)
+    assert type(draft).__name__ == "Qwen3_5MTP"
+    return draft, target
+
+
+@pytest.mark.parametrize("runner", ["v1", "v2"])
+def test_mtp_draft_whose_head_the_target_cannot_replace_starts_as_on_0_33_0(
+    gloo_world, cpu_attention_backend, shell_proposer, tmp_path, runner
+):
+    """0.33.0 starts it on the head it built; the target verifies every draft
+    token. Default settings must keep starting it."""
+    draft, target = _start_mtp_draft_beside_headless_target(tmp_path, runner, shell_proposer)
+
+    assert isinstance(draft.lm_head, ParallelLMHead)
+    assert draft.model.embed_tokens is target.model.embed_tokens
+
+
+@pytest.mark.parametrize("runner", ["v1", "v2"])
+def test_mtp_draft_whose_head_the_target_cannot_replace_is_refused_when_asked(
+    gloo_world, cpu_attention_backend, shell_proposer, tmp_path, runner
+):
+    with pytest.raises(RuntimeError, match=r"Draft model Qwen3_5MTP \(.*qwen3_5\) runs with an uninitialized lm_head"):
+        _start_mtp_draft_beside_headless_target(
+            tmp_path, runner, shell_proposer, refuse_uninitialized_draft_weights=True
+        )
 
 
 def test_mtp_draft_given_the_target_head_passes_the_check(
