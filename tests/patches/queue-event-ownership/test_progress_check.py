@@ -206,6 +206,31 @@ def test_idle_server_is_healthy(server):
     assert server.llm.progress_status().seconds_without_progress < TIMEOUT_S
 
 
+def test_idle_engine_sends_its_frontends_nothing(server):
+    """Passes on 0.33.0, which sends an idle engine's frontends nothing (log
+    stats off). A user who never asks for /health/progress must not pay for
+    it on an idle server: the engine, once it waits for work, sends each
+    frontend at most the one report saying so, then nothing; so a frontend
+    whose socket reader starts late finds at most that one queued. (That the
+    silence is no stall: test_idle_server_is_healthy.)"""
+    time.sleep(TIMEOUT_S)  # idle since the previous test: its report is sent
+    received = [0] * NUM_FRONTENDS
+    decoders = [llm.engine_core.decoder for llm in server.llms]
+    for frontend, decoder in enumerate(decoders):
+
+        def counting(frames: Any, decode: Any = decoder.decode, frontend: int = frontend) -> Any:
+            received[frontend] += 1
+            return decode(frames)
+
+        decoder.decode = counting
+    try:
+        time.sleep(3 * TIMEOUT_S)
+    finally:
+        for decoder in decoders:
+            del decoder.decode
+    assert received == [0] * NUM_FRONTENDS, f"an idle engine sent its frontends {received} messages in {3 * TIMEOUT_S}s"
+
+
 def test_long_prefill_of_tokenless_steps_is_healthy(server):
     """A 1,500-token prompt in 256-token chunks, 0.4 s a step: 2.4 s of steps
     that produce no token, more than twice the timeout."""
