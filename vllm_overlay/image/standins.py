@@ -27,7 +27,7 @@ from pathlib import Path
 
 import git
 
-from vllm_overlay import indexes, lock, output, record, shadow, upstream_trees
+from vllm_overlay import indexes, lock, output, record, shadow, upstream_trees, wheel_record
 from vllm_overlay.audit.targets import commit_reader
 from vllm_overlay.image import engine
 from vllm_overlay.store import Store
@@ -169,7 +169,8 @@ def make_standin(eng: engine.Engine, ref: str, the_lock: lock.Lock, python: str,
         raise engine.EngineError(
             f"{site}: no vllm {the_lock.version} dist-info (found {dist and dist.metadata['Version']})"
         )
-    problems = record.verify_distribution(site, "vllm")
+    expected = wheel_record.locked(the_lock, Store()).text  # the lock's wheel, never the installed RECORD
+    problems = record.verify_distribution(site, "vllm", expected=expected)
     if problems:
         raise engine.EngineError(f"{site}: vllm is not pristine ({len(problems)} problem(s), first: {problems[0]})")
     container = sh(eng.exe, "from", "scratch").splitlines()[-1]

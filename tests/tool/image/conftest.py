@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.tool.conftest import seed_locked_wheel_records
 from tests.tool.helpers import LOCKED, REPO_ROOT, write_upstream
 
 
@@ -17,7 +18,9 @@ def upstream_dir(tmp_path: Path) -> Path:  # the locked version, so staging acce
 
 @pytest.fixture(scope="module")
 def _module_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("cache")
+    cache = tmp_path_factory.mktemp("cache")
+    seed_locked_wheel_records(cache)  # staging states the locked wheel's RECORD: the fake one, no download
+    return cache
 
 
 @pytest.fixture
