@@ -88,6 +88,12 @@ COPY --from=series /vllm-overlay/build/image/layers/05-byte-accounting/ ${VLLM_S
 COPY --from=series /vllm-overlay/build/image/layers/06-queue-event-ownership/ ${VLLM_SITE_PACKAGES}/
 # <<< series layers <<<
 
+# The verify steps below and the entrypoint's preflight hold vllm to the locked wheel's RECORD (the copy
+# vllm_overlay_status/wheel.RECORD, whose sha256 the manifest states), never to the installed RECORD. A base
+# carrying part of the wheel only (the image check's stand-ins: its .py files) names that part here, and
+# every verdict says so. Empty, the default: every file of the wheel.
+ARG VLLM_RECORD_SCOPE=
+ENV VLLM_OVERLAY_RECORD_SCOPE=${VLLM_RECORD_SCOPE}
 # Beside the package (never inside it): the provenance package, its manifest, its CycloneDX SBOM
 # (vllm_overlay_status/sbom.cdx.json; `python3 -m vllm_overlay_status sbom` prints it) and its vLLM plugin entry point.
 COPY --from=series /vllm-overlay/build/image/overlay/ ${VLLM_SITE_PACKAGES}/
@@ -108,7 +114,7 @@ ARG OVERLAY_UPSTREAM_VERSION="0.33.0"
 ARG OVERLAY_UPSTREAM_COMMIT="g4ba787ec9"
 ARG OVERLAY_SERIES_SHA256="224d29283041d9a656d367c95bc787676f1dd7bb2bcd539ff62ef786f3432d40"
 ARG OVERLAY_SERIES="loader-layouts,route-sanitization,workspace-reuse,moe-backend-fallback,byte-accounting,queue-event-ownership"
-ARG OVERLAY_MANIFEST_SHA256="4d376a18524546327a8f3cfd4f93ec6250431db002374d22bfe43912227e0e0b"
+ARG OVERLAY_MANIFEST_SHA256="1d7a9bfb31c5862e503636722074c5da117f93d1084b9ef437f0f463e8b6a997"
 ARG OVERLAY_SBOM_SHA256="71e793aaafcd7e8c4d71165da6ce85cc5ccb1451d5808ce4ef91f012b5642a4b"
 # <<< provenance defaults <<<
 # Last step: the image is what the manifest says and the labels say what the image carries, or the

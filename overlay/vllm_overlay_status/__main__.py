@@ -147,6 +147,9 @@ def cmd_preflight(args: argparse.Namespace, manifest: dict) -> int:
     site = _site(args)
     started = time.monotonic()
     differences = verify(site, manifest, suffixes=record_scope())
+    if args.expect:  # the manifest the build verified against the label (the entrypoint script states it)
+        source = args.manifest or manifest_path()
+        differences += label_problems(dict(args.expect), carried_facts(manifest, source, source.parent / SBOM_NAME))
     for problem in differences:
         print(f"vllm overlay preflight: {problem}", file=sys.stderr)
     if differences and not allowed:
@@ -167,9 +170,11 @@ def cmd_preflight(args: argparse.Namespace, manifest: dict) -> int:
 
 
 def cmd_entrypoint(args: argparse.Namespace, manifest: dict) -> int:
+    from .checks import sha256_file
     from .preflight import write_script
 
-    write_script(args.write, args.python or sys.executable, args.then)
+    # The manifest as the build's verify step proved it against the image's label: the preflight holds it to that.
+    write_script(args.write, args.python or sys.executable, args.then, sha256_file(args.manifest or manifest_path()))
     print(f"wrote {args.write}: preflight, then {args.then or 'the command given'}")
     return 0
 
@@ -202,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         command.add_argument("--site-packages", type=Path, default=None, help="default: where vllm is found")
         if name not in ("compile", "preflight"):
             command.add_argument("--json", action="store_true", help="machine-readable output")
-        if name == "verify":
+        if name in ("verify", "preflight"):
             command.add_argument(
                 "--expect",
                 action="append",

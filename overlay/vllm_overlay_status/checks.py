@@ -53,6 +53,13 @@ def distribution(manifest: dict) -> str:
     return str(manifest["upstream"].get("distribution", DIST))
 
 
+def own_root(site_packages: Path) -> Path:
+    """Where the overlay's own files are: beside this package when it is a staged copy (it carries its
+    manifest: the image, a laid-out runtime), else ``site_packages`` (the tool checking another tree)."""
+    here = Path(__file__).resolve().parent
+    return here.parent if (here / MANIFEST_FILE).is_file() else site_packages
+
+
 def record_scope(environ: dict[str, str] | None = None) -> tuple[str, ...]:
     """The suffixes ``VLLM_OVERLAY_RECORD_SCOPE`` cuts the expectation to (``.py``), or () for all files."""
     value = (os.environ if environ is None else environ).get(SCOPE_ENV, "")
@@ -77,9 +84,10 @@ def expected_record(site_packages: Path, manifest: dict, given: str | None = Non
     rel = f"{OWN_PACKAGE}/{WHEEL_RECORD}"
     if not sha:
         return None, ["no-expectation: the manifest states no wheel RECORD; the installed files cannot be checked"]
-    if not _record.check_file(site_packages / rel, sha):
+    path = own_root(site_packages) / rel
+    if not _record.check_file(path, sha):
         return None, [f"expected-record: {rel} is missing or is not the wheel RECORD the manifest states ({sha})"]
-    return (site_packages / rel).read_text(encoding="utf-8"), []
+    return path.read_text(encoding="utf-8"), []
 
 
 def installed_version(site_packages: Path, dist: str = DIST) -> str | None:
@@ -234,6 +242,7 @@ def overlay_problems(site_packages: Path, manifest: dict) -> list[str]:
     (``overlay_files``): against the manifest.
     """
     problems = []
+    site_packages = own_root(site_packages)
     own = manifest.get("status_files")
     if own is not None:
         for rel, digest in sorted(own.items()):

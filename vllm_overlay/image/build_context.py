@@ -370,11 +370,8 @@ def _stage_overlay(
     (manifest, its text, SBOM text). The manifest is written last but the RECORD: it states the
     sha256 of every other file of the status package."""
     overlay_files = _copy_overlay(project.overlay, overlay)
-    dist_info = _own_dist_info(overlay)
     _write(overlay / STATUS_PACKAGE / RECORD_COPY, Path(record.__file__).read_bytes())
-    _write(overlay / STATUS_PACKAGE / WHEEL_RECORD, expected_record.text.encode("utf-8"))
     manifest = labels.manifest(lock, patches, layers, overlay_files, unshipped, distribution)
-    manifest["expected_record"] = {**expected_record.to_json(), "path": f"{STATUS_PACKAGE}/{WHEEL_RECORD}"}
     sbom_text = sbom.render(
         sbom.build(
             lock,
@@ -385,6 +382,21 @@ def _stage_overlay(
         )
     )
     _write(overlay / STATUS_PACKAGE / sbom.FILENAME, sbom_text.encode())
+    manifest_text = seal_status_package(overlay, manifest, expected_record)
+    return manifest, manifest_text, sbom_text
+
+
+def seal_status_package(overlay: Path, manifest: dict, expected_record: wheel_record.WheelRecord) -> str:
+    """Finish the status package in ``overlay`` (laid out as in site-packages); returns the manifest's text.
+
+    Writes the wheel's RECORD beside the package, states its sha256 and every file of the package
+    and its dist-info (``status_files``) in ``manifest``, writes the manifest, then the package's
+    RECORD. The manifest comes last but the RECORD: it cannot state its own sha256, which the
+    image's label states instead.
+    """
+    dist_info = _own_dist_info(overlay)
+    _write(overlay / STATUS_PACKAGE / WHEEL_RECORD, expected_record.text.encode("utf-8"))
+    manifest["expected_record"] = {**expected_record.to_json(), "path": f"{STATUS_PACKAGE}/{WHEEL_RECORD}"}
     manifest["status_files"] = {
         path.relative_to(overlay).as_posix(): record.file_sha256(path)
         for top in (overlay / STATUS_PACKAGE, dist_info)
@@ -394,4 +406,4 @@ def _stage_overlay(
     manifest_text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
     _write(overlay / STATUS_PACKAGE / MANIFEST_NAME, manifest_text.encode())
     _write_record(overlay)
-    return manifest, manifest_text, sbom_text
+    return manifest_text

@@ -34,6 +34,9 @@ from vllm_overlay.store import Store
 
 STANDIN = "localhost/vllm-openai-standin:v{version}-py"  # -py: carries the .py files only (see carry_files)
 CARRIED_SUFFIXES = (".py",)
+# The Dockerfile's VLLM_RECORD_SCOPE for a build on the stand-in: the in-image verify checks the cut of
+# the wheel's RECORD the stand-in carries (record.scoped_rows), and says so in every verdict.
+STANDIN_SCOPE = ",".join(CARRIED_SUFFIXES)
 # The first stage of the project's Dockerfile needs python3 (3.11+, with venv), git and CA certificates:
 # Debian bookworm's (3.11.2, without tarfile's data filter: safetar's own checks). README command 1
 # runs on the same stand-in (readme_ci).

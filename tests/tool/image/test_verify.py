@@ -14,6 +14,7 @@ import pytest
 from tests.tool.helpers import REPO_ROOT, make_site, seed_wheel_record, sha, site_record
 from vllm_overlay import cli, lock, record
 from vllm_overlay.image import build_context, verify
+from vllm_overlay.wheel_record import WheelRecord
 
 OVERLAY = REPO_ROOT / "overlay"
 
@@ -106,17 +107,9 @@ def install_status_package(
     )
     shutil.copytree(OVERLAY / "vllm_overlay_status-0.1.0.dist-info", site / "vllm_overlay_status-0.1.0.dist-info")
     shutil.copy(REPO_ROOT / "vllm_overlay/record.py", site / "vllm_overlay_status/_record.py")
-    (site / "vllm_overlay_status/wheel.RECORD").write_text(wheel)
     for name, data in (extra or {}).items():
         (site / "vllm_overlay_status" / name).write_bytes(data)
-    manifest["status_files"] = {
-        path.relative_to(site).as_posix(): sha(path.read_bytes())
-        for top in ("vllm_overlay_status", "vllm_overlay_status-0.1.0.dist-info")
-        for path in sorted((site / top).rglob("*"))
-        if path.is_file()
-    }
-    (site / "vllm_overlay_status/manifest.json").write_text(json.dumps(manifest))
-    build_context._write_record(site)
+    build_context.seal_status_package(site, manifest, WheelRecord("vllm-0.33.0-fake.whl", "0" * 64, wheel))
 
 
 def test_in_image_command_and_plugin_without_the_tool(site, tmp_path):
@@ -324,3 +317,29 @@ def test_the_in_image_command_fails_on_a_deleted_record(image_site, tmp_path):
     env = {"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"}
     done = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert done.returncode == 1 and "record-missing: vllm-0.33.0.dist-info/RECORD" in done.stderr, done.stdout
+
+
+def test_the_entrypoint_holds_preflight_to_the_manifest_the_build_verified(image_site, tmp_path):
+    """The manifest says what every file must be: edited to bless an edit, the preflight refuses it."""
+    shutil.copy(OVERLAY / "vllm_overlay_status_gate.py", image_site / "vllm_overlay_status_gate.py")
+    manifest_file = image_site / "vllm_overlay_status/manifest.json"
+    script = tmp_path / "entrypoint"
+    env = {"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(image_site)}
+
+    def main(*argv: str) -> subprocess.CompletedProcess:
+        run = "runpy.run_module('vllm_overlay_status', run_name='__main__')"
+        code = f"import sys, runpy; sys.argv = ['x', *{list(argv)!r}]; {run}"
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path)
+
+    assert main("entrypoint", "--write", str(script), "--then", "").returncode == 0
+    line = next(x for x in script.read_text().splitlines() if " preflight" in x)
+    assert line.endswith(f"preflight --expect manifest_sha256={sha(manifest_file.read_bytes())} || exit $?")
+    argv = line.split(" -m vllm_overlay_status ", 1)[1].split(" ||")[0].split()
+    ok = main(*argv, "--site-packages", str(image_site))
+    assert ok.returncode == 0, ok.stderr
+    (image_site / "vllm/core.py").write_bytes(EDIT)
+    manifest = json.loads(manifest_file.read_text())
+    manifest["files"]["vllm/core.py"] = sha(EDIT)  # the edit, blessed by the manifest
+    manifest_file.write_text(json.dumps(manifest))
+    refused = main(*argv, "--site-packages", str(image_site))
+    assert refused.returncode == 1 and "label manifest_sha256 says" in refused.stderr, refused.stderr
