@@ -114,7 +114,7 @@ ARG OVERLAY_UPSTREAM_VERSION="0.33.0"
 ARG OVERLAY_UPSTREAM_COMMIT="g4ba787ec9"
 ARG OVERLAY_SERIES_SHA256="224d29283041d9a656d367c95bc787676f1dd7bb2bcd539ff62ef786f3432d40"
 ARG OVERLAY_SERIES="loader-layouts,route-sanitization,workspace-reuse,moe-backend-fallback,byte-accounting,queue-event-ownership"
-ARG OVERLAY_MANIFEST_SHA256="1d7a9bfb31c5862e503636722074c5da117f93d1084b9ef437f0f463e8b6a997"
+ARG OVERLAY_MANIFEST_SHA256="ba152fbd96763e6e21d5afeb2e6e0a15a999f54ae3b21b61202ff4777f117158"
 ARG OVERLAY_SBOM_SHA256="71e793aaafcd7e8c4d71165da6ce85cc5ccb1451d5808ce4ef91f012b5642a4b"
 # <<< provenance defaults <<<
 # Last step: the image is what the manifest says and the labels say what the image carries, or the
