@@ -20,12 +20,10 @@ from tests.tool.helpers import (
     SPDX_HEADER,
     TRAILERS,
     PatchMaker,
-    fake_wheel_record,
     git,
-    seed_wheel_record,
+    seed_locked_wheel_records,
     write_upstream,
 )
-from vllm_overlay import lock
 
 
 @pytest.fixture(autouse=True)
@@ -39,15 +37,6 @@ def store_env(tmp_path: Path) -> Iterator[Path]:
     with pytest.MonkeyPatch.context() as own:
         own.setenv("VLLM_OVERLAY_CACHE", str(cache))
         yield cache
-
-
-def seed_locked_wheel_records(cache: Path) -> None:
-    """The RECORD of each wheel upstream.lock pins, as if downloaded and checked: staging an image
-    states it, and no tool test downloads a 340 MB wheel. It is the fake install's (helpers.make_site)."""
-    the_lock = lock.load(REPO_ROOT / "upstream.lock")
-    text = fake_wheel_record()
-    for arch in the_lock.wheels:
-        seed_wheel_record(cache, the_lock, text, arch)
 
 
 @pytest.fixture

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tool.conftest import seed_locked_wheel_records
-from tests.tool.helpers import LOCKED, REPO_ROOT, write_upstream
+from tests.tool.helpers import LOCKED, REPO_ROOT, seed_locked_wheel_records, write_upstream
 
 
 @pytest.fixture
