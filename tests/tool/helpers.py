@@ -270,15 +270,6 @@ def seed_wheel_record(store_root: Path, the_lock: lock.Lock, text: str, arch: st
     (downloads / (filename + wheel_record.SUFFIX + ".sha256")).write_text(f"{sha256} {record.text_sha256(text)}\n")
 
 
-def seed_locked_wheel_records(cache: Path) -> None:
-    """The RECORD of each wheel upstream.lock pins, as if downloaded and checked: staging an image
-    states it, and no tool test downloads a 340 MB wheel. It is the fake install's (helpers.make_site)."""
-    the_lock = lock.load(REPO_ROOT / "upstream.lock")
-    text = fake_wheel_record()
-    for arch in the_lock.wheels:
-        seed_wheel_record(cache, the_lock, text, arch)
-
-
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 

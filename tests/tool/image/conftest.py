@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tool.helpers import LOCKED, REPO_ROOT, seed_locked_wheel_records, write_upstream
+from tests.tool.helpers import LOCKED, REPO_ROOT, write_upstream
 
 
 @pytest.fixture
@@ -17,9 +17,7 @@ def upstream_dir(tmp_path: Path) -> Path:  # the locked version, so staging acce
 
 @pytest.fixture(scope="module")
 def _module_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    cache = tmp_path_factory.mktemp("cache")
-    seed_locked_wheel_records(cache)  # staging states the locked wheel's RECORD: the fake one, no download
-    return cache
+    return tmp_path_factory.mktemp("cache")
 
 
 @pytest.fixture
