@@ -182,8 +182,7 @@ def _use_given(path: Path, lock: Lock, store: Store) -> Env:
     missing = missing_modules(env.python, REQUIRED_MODULES)
     if missing:
         raise EnvError(f"{path}: lacks {', '.join(missing)}; install them with {env.python} -m pip install ...")
-    with store.exclusive():
-        expected = wheel_record.locked(lock, store).text
+    expected = wheel_record.locked(lock, store).text  # cached once read; written atomically, so no lock is waited on
     problems, checked = verify_proven(env, lock.project, proof_file(store, path, None), expected)
     if problems:
         raise EnvError(

@@ -384,7 +384,7 @@ def fake_env(root: Path, upstream: Path, version: str) -> Path:
     lines = [
         f"{p.relative_to(site).as_posix()},{record.record_hash(hashlib.sha256(p.read_bytes()).hexdigest())},"
         f"{p.stat().st_size}"
-        for p in sorted((site / "vllm").rglob("*"))
+        for p in [*sorted((site / "vllm").rglob("*")), info / "METADATA"]  # a wheel's RECORD lists its METADATA
         if p.is_file()
     ]
     (info / "RECORD").write_text("\n".join([*lines, f"{info.name}/RECORD,,"]) + "\n")
