@@ -88,6 +88,12 @@ COPY --from=series /vllm-overlay/build/image/layers/05-byte-accounting/ ${VLLM_S
 COPY --from=series /vllm-overlay/build/image/layers/06-queue-event-ownership/ ${VLLM_SITE_PACKAGES}/
 # <<< series layers <<<
 
+# The verify steps below and the entrypoint's preflight hold vllm to the locked wheel's RECORD (the copy
+# vllm_overlay_status/wheel.RECORD, whose sha256 the manifest states), never to the installed RECORD. A base
+# carrying part of the wheel only (the image check's stand-ins: its .py files) names that part here, and
+# every verdict says so. Empty, the default: every file of the wheel.
+ARG VLLM_RECORD_SCOPE=
+ENV VLLM_OVERLAY_RECORD_SCOPE=${VLLM_RECORD_SCOPE}
 # Beside the package (never inside it): the provenance package, its manifest, its CycloneDX SBOM
 # (vllm_overlay_status/sbom.cdx.json; `python3 -m vllm_overlay_status sbom` prints it) and its vLLM plugin entry point.
 COPY --from=series /vllm-overlay/build/image/overlay/ ${VLLM_SITE_PACKAGES}/
@@ -108,7 +114,7 @@ ARG OVERLAY_UPSTREAM_VERSION="0.33.0"
 ARG OVERLAY_UPSTREAM_COMMIT="g4ba787ec9"
 ARG OVERLAY_SERIES_SHA256="08a8eb8a4c83d2ead8ec82869dac8541e0082b8c026edeeee3bc1c00da3177bf"
 ARG OVERLAY_SERIES="loader-layouts,route-sanitization,workspace-reuse,moe-backend-fallback,byte-accounting,queue-event-ownership"
-ARG OVERLAY_MANIFEST_SHA256="5a52cfda0a9f882a6d71dc1dd2eac102f700446bc92096206557e70fb616c720"
+ARG OVERLAY_MANIFEST_SHA256="15da82af838b89e9d5f528f34a2d88115700b6928e3ed1309202ea2f0671e691"
 ARG OVERLAY_SBOM_SHA256="6ecb3a064ae9491a2a72ebcb29b808f293433938824993d100277418a6923b3d"
 # <<< provenance defaults <<<
 # Last step: the image is what the manifest says and the labels say what the image carries, or the

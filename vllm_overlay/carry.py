@@ -17,7 +17,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_overlay import apply, lock, patched_repo, series, upstream_trees
+from vllm_overlay import apply, cpu_runtime, lock, patched_repo, series, upstream_trees
 from vllm_overlay.cpu_runtime import RuntimeLock
 from vllm_overlay.errors import InputError
 from vllm_overlay.image import build_context, labels
@@ -124,7 +124,15 @@ def stage(
     problems = runtime_only_problems(patches, runtime)
     if problems:
         raise CarryError("; ".join(problems))
-    return build_context.stage(proj, the_lock, patches, tree=tree, dest=dest, distribution=runtime.project)
+    return build_context.stage(
+        proj,
+        the_lock,
+        patches,
+        tree=tree,
+        dest=dest,
+        distribution=runtime.project,
+        expected_record=cpu_runtime.expected_record(runtime, Store()),
+    )
 
 
 def range_diff(main_tree: Path, carried_tree: Path) -> str:

@@ -7,7 +7,8 @@ that release's tree (vllm_overlay.carry).
 
 The environment is built with the test environment's machinery (vllm_overlay.testenv.build_published):
 published atomically, only after the installed distribution has been proven pristine against its
-wheel's RECORD, and keyed by the lock's bytes, the requirements and the interpreter. The wheel is
+wheel's RECORD (read from the locked wheel itself, never the installed copy), and keyed by the
+lock's bytes, the requirements and the interpreter. The wheel is
 downloaded from the configured index and checked against the locked sha256 before pip sees it;
 pip installs it without dependencies, then the wheel's own Requires-Dist (markers evaluated for
 this interpreter) minus [exclude] names, so nothing is resolved past what the wheel itself states.
@@ -27,7 +28,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from vllm_overlay import output, record, testenv, upstream_trees
+from vllm_overlay import output, record, testenv, upstream_trees, wheel_record
 from vllm_overlay.errors import InputError
 from vllm_overlay.lock import SHA256_RE
 from vllm_overlay.store import Store
@@ -189,10 +190,17 @@ def cached_key(store: Store, lock_path: Path | None = None) -> str | None:
         return None
 
 
+def expected_record(the_lock: RuntimeLock, store: Store) -> wheel_record.WheelRecord:
+    """The locked wheel's RECORD: what the runtime's installed files are checked against."""
+    with store.exclusive(STORE_LOCK):
+        return wheel_record.from_wheel(store, fetch_wheel(the_lock, store), the_lock.wheel_sha256)
+
+
 def ensure(the_lock: RuntimeLock, store: Store, *, nice: int = 10) -> testenv.Env:
     """The cached CPU runtime, verified pristine per RECORD; built (about 10 minutes) when missing."""
     with store.exclusive(STORE_LOCK):
         wheel = fetch_wheel(the_lock, store)
+        expected = wheel_record.from_wheel(store, wheel, the_lock.wheel_sha256).text
         reqs = wheel_requirements(wheel, the_lock)
         key = runtime_key(the_lock, reqs)
         link = store.envs / key
@@ -201,7 +209,7 @@ def ensure(the_lock: RuntimeLock, store: Store, *, nice: int = 10) -> testenv.En
         if marker.is_file() and marker.read_text(encoding="utf-8").split("\n", 1)[0] == key:
             env = testenv.describe(link, key, managed=True)
             started = time.monotonic()
-            problems = record.verify_distribution(env.site_packages, the_lock.project)
+            problems = record.verify_distribution(env.site_packages, the_lock.project, expected=expected)
             if not problems:
                 output.info(
                     f"CPU runtime {link} ({the_lock.project} {the_lock.version} pristine per RECORD, "
@@ -216,6 +224,7 @@ def ensure(the_lock: RuntimeLock, store: Store, *, nice: int = 10) -> testenv.En
             link,
             installs,
             dist=the_lock.project,
+            expected=expected,
             marker_lines=[the_lock.wheel_filename, *reqs],
             label="the CPU runtime",
             size_hint="~10 min, ~3.5 GB",

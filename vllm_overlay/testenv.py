@@ -7,8 +7,10 @@ takes about 3 minutes and 9.5 GB).
 
 Publication is atomic: the environment is built in a hidden directory of its own, and only when
 pip has finished and the installed vllm has been proven pristine against its wheel's RECORD is
-``envs/<key>`` (a symlink) pointed at it. A crash mid-build never leaves a half environment under
-the published name. Every later use verifies RECORD again; a managed environment that is not
+``envs/<key>`` (a symlink) pointed at it. That RECORD is the locked wheel's, downloaded and checked
+against upstream.lock's sha256 (vllm_overlay.wheel_record), never the installed copy, which is
+checked against it like every other file. A crash mid-build never leaves a half environment under
+the published name. Every later use verifies again; a managed environment that is not
 pristine is rebuilt, an environment given with ``--env`` / ``$VLLM_OVERLAY_ENV`` is refused (the
 tool never deletes what it did not create).
 """
@@ -28,7 +30,7 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 
-from vllm_overlay import envproof, indexes, output, record
+from vllm_overlay import envproof, indexes, output, record, wheel_record
 from vllm_overlay.errors import InputError
 from vllm_overlay.lock import Lock
 from vllm_overlay.store import Store
@@ -130,15 +132,16 @@ def missing_modules(python: Path, modules: tuple[str, ...] | list[str]) -> list[
     return out.stdout.split()
 
 
-def verify(env: Env, dist: str = "vllm") -> list[record.Problem]:
-    return record.verify_distribution(env.site_packages, dist)
+def verify(env: Env, dist: str, expected: str) -> list[record.Problem]:
+    """``dist`` in ``env`` against the wheel's RECORD ``expected`` (from the lock, never the installed one)."""
+    return record.verify_distribution(env.site_packages, dist, expected=expected)
 
 
-def verify_proven(env: Env, dist: str, proof: Path) -> tuple[list[record.Problem], str]:
+def verify_proven(env: Env, dist: str, proof: Path, expected: str) -> tuple[list[record.Problem], str]:
     """``verify``, reading again only the files changed since the last clean check (``envproof``);
     also says how long it took and how many files it read."""
     started = time.monotonic()
-    problems, hashed = envproof.verify(env.site_packages, dist, proof)
+    problems, hashed = envproof.verify(env.site_packages, dist, proof, expected)
     return problems, f"checked in {time.monotonic() - started:.1f}s, {hashed} file(s) hashed"
 
 
@@ -162,15 +165,16 @@ def ensure(lock: Lock, store: Store, override: Path | None = None) -> Env:
     key = env_key(lock, reqs)
     link = store.envs / key
     with store.exclusive():
+        expected = wheel_record.locked(lock, store).text
         store.envs.mkdir(parents=True, exist_ok=True)
         if (link / MARKER).is_file() and (link / MARKER).read_text(encoding="utf-8").split("\n", 1)[0] == key:
             env = describe(link, key, managed=True)
-            problems, checked = verify_proven(env, lock.project, proof_file(store, link, key))
+            problems, checked = verify_proven(env, lock.project, proof_file(store, link, key), expected)
             if not problems:
                 output.info(f"test environment {link} (vllm {lock.version} pristine per RECORD, {checked})")
                 return env
             output.warn(f"test environment {link} is not pristine ({_summarise(problems)}); rebuilding it")
-        return _build(store, lock, key, reqs, link)
+        return _build(store, lock, key, reqs, link, expected)
 
 
 def _use_given(path: Path, lock: Lock, store: Store) -> Env:
@@ -178,7 +182,8 @@ def _use_given(path: Path, lock: Lock, store: Store) -> Env:
     missing = missing_modules(env.python, REQUIRED_MODULES)
     if missing:
         raise EnvError(f"{path}: lacks {', '.join(missing)}; install them with {env.python} -m pip install ...")
-    problems, checked = verify_proven(env, lock.project, proof_file(store, path, None))
+    expected = wheel_record.locked(lock, store).text  # cached once read; written atomically, so no lock is waited on
+    problems, checked = verify_proven(env, lock.project, proof_file(store, path, None), expected)
     if problems:
         raise EnvError(
             f"{path}: the installed {lock.project} is not pristine per its RECORD ({_summarise(problems)}); "
@@ -202,7 +207,7 @@ def _remove_stale(store: Store, key: str, keep: set[Path]) -> None:
             shutil.rmtree(stale, ignore_errors=True)
 
 
-def _build(store: Store, lock: Lock, key: str, reqs: list[str], link: Path) -> Env:
+def _build(store: Store, lock: Lock, key: str, reqs: list[str], link: Path, expected: str) -> Env:
     """Build a fresh test environment beside the published one, verify it, then publish it atomically."""
     return build_published(
         store,
@@ -210,6 +215,7 @@ def _build(store: Store, lock: Lock, key: str, reqs: list[str], link: Path) -> E
         link,
         [["--upgrade", "pip"], reqs],
         dist=lock.project,
+        expected=expected,
         marker_lines=reqs,
         label="the test environment",
         size_hint="~3 min, ~10 GB",
@@ -223,13 +229,14 @@ def build_published(
     installs: list[list[str]],
     *,
     dist: str,
+    expected: str,
     marker_lines: list[str],
     label: str,
     size_hint: str,
     nice: int = 0,
 ) -> Env:
     """Build a venv under ``store.envs``, run ``pip install <each of installs>`` in it, prove ``dist``
-    pristine per its RECORD, then publish it as ``link`` (a symlink) atomically.
+    pristine per its wheel's RECORD ``expected``, then publish it as ``link`` (a symlink) atomically.
 
     Shared by the test environment and the CPU runtime (vllm_overlay.cpu_runtime): both are
     published only when complete and verified, and a failed build leaves nothing behind.
@@ -258,7 +265,7 @@ def build_published(
                         f"building {label} failed ({' '.join(command[len(prefix) : len(prefix) + 4])}...):\n{tail}"
                     )
         env = describe(real, key, managed=True)
-        problems = verify(env, dist)
+        problems = verify(env, dist, expected)
         if problems:
             raise EnvError(f"the freshly installed {dist} does not match its RECORD: {_summarise(problems)}")
         (real / MARKER).write_text(key + "\n" + "\n".join(marker_lines) + "\n", encoding="utf-8")

@@ -3,8 +3,12 @@
 status   the upstream release, the applied series and patches (with sha256s) and the replaced files,
          with a quick check of the replaced files as installed (--json: the manifest itself)
 verify   the full check (exit 1 on any difference): the installed vllm is the manifest's version,
-         every file not replaced matches the wheel's RECORD, every replaced file matches the
-         manifest, nothing else was added; never imports vllm or torch. --expect NAME=VALUE
+         every file not replaced matches the locked wheel's RECORD (the copy wheel.RECORD beside
+         this package, whose sha256 the manifest states; the installed RECORD must agree with it),
+         every replaced file matches the manifest, nothing else was added (files, directories,
+         symlinks), this package's own files match the manifest; never imports vllm or torch.
+         $VLLM_OVERLAY_RECORD_SCOPE=.py checks the .py files only (stand-in bases; said in the verdict).
+         --expect NAME=VALUE
          (repeatable) also checks what a label states: upstream_version, upstream_commit,
          series_sha256, series, manifest_sha256, sbom_sha256 (the image build passes its labels)
 compile  byte-compile the replaced files (checked-hash pycs); the image build runs it
@@ -26,7 +30,13 @@ import time
 from pathlib import Path
 
 from . import SBOM_NAME, ManifestError, load_manifest, manifest_path, vllm_site_packages
-from .checks import carried_facts, compile_replaced, label_problems, running, verify
+from .checks import SCOPE_ENV, carried_facts, compile_replaced, label_problems, record_scope, running, verify
+
+
+def _scope_note() -> str:
+    """What the verdict says of a reduced check (empty for the full one)."""
+    scope = record_scope()
+    return f"; only the wheel's {', '.join(scope)} files and dist-info were checked (${SCOPE_ENV})" if scope else ""
 
 
 def _site(args: argparse.Namespace) -> Path:
@@ -76,7 +86,7 @@ def cmd_status(args: argparse.Namespace, manifest: dict) -> int:
 def cmd_verify(args: argparse.Namespace, manifest: dict) -> int:
     site = _site(args)
     started = time.monotonic()
-    problems = verify(site, manifest)
+    problems = verify(site, manifest, suffixes=record_scope())
     if args.expect:
         source = args.manifest or manifest_path()
         problems += label_problems(dict(args.expect), carried_facts(manifest, source, source.parent / SBOM_NAME))
@@ -88,12 +98,14 @@ def cmd_verify(args: argparse.Namespace, manifest: dict) -> int:
             print(problem, file=sys.stderr)
         count = len(manifest.get("files", {}))
         verdict = (
-            f"verified: vllm {manifest['upstream']['version']} in {site} is the wheel's RECORD apart from "
+            f"verified: vllm {manifest['upstream']['version']} in {site} is the locked wheel's RECORD (sha256 "
+            f"{str(manifest.get('expected_record', {}).get('sha256', '?'))[:16]}, as the manifest states) apart from "
             f"{count} replaced file(s), which match the manifest"
             + (f"; the {len(args.expect)} label fact(s) given match it" if args.expect else "")
+            + _scope_note()
             + f" ({seconds:.1f} s)"
             if not problems
-            else f"FAILED: {len(problems)} difference(s) from the manifest and RECORD"
+            else f"FAILED: {len(problems)} difference(s) from the manifest and the wheel's RECORD"
             + (" and the labels given" if args.expect else "")
             + f" in {site}"
         )
@@ -134,29 +146,35 @@ def cmd_preflight(args: argparse.Namespace, manifest: dict) -> int:
         return 2
     site = _site(args)
     started = time.monotonic()
-    differences = verify(site, manifest)
+    differences = verify(site, manifest, suffixes=record_scope())
+    if args.expect:  # the manifest the build verified against the label (the entrypoint script states it)
+        source = args.manifest or manifest_path()
+        differences += label_problems(dict(args.expect), carried_facts(manifest, source, source.parent / SBOM_NAME))
     for problem in differences:
         print(f"vllm overlay preflight: {problem}", file=sys.stderr)
     if differences and not allowed:
         print(
-            f"vllm overlay preflight: {len(differences)} difference(s) from the manifest and RECORD in {site}; "
+            f"vllm overlay preflight: {len(differences)} difference(s) from the manifest and the wheel's RECORD "
+            f"in {site}; "
             f"refusing to start ({ALLOW_ENV}=1 overrides, for debugging only)",
             file=sys.stderr,
         )
         return 1
     print(
         f"vllm overlay preflight: plugin {'NOT ' if refused else ''}selected and present; vllm in {site} "
-        f"{'DIFFERS from' if differences else 'verified against'} the manifest and RECORD "
-        f"({time.monotonic() - started:.1f} s)",
+        f"{'DIFFERS from' if differences else 'verified against'} the manifest and the locked wheel's RECORD"
+        f"{_scope_note()} ({time.monotonic() - started:.1f} s)",
         file=sys.stderr,
     )
     return 0
 
 
 def cmd_entrypoint(args: argparse.Namespace, manifest: dict) -> int:
+    from .checks import sha256_file
     from .preflight import write_script
 
-    write_script(args.write, args.python or sys.executable, args.then)
+    # The manifest as the build's verify step proved it against the image's label: the preflight holds it to that.
+    write_script(args.write, args.python or sys.executable, args.then, sha256_file(args.manifest or manifest_path()))
     print(f"wrote {args.write}: preflight, then {args.then or 'the command given'}")
     return 0
 
@@ -189,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         command.add_argument("--site-packages", type=Path, default=None, help="default: where vllm is found")
         if name not in ("compile", "preflight"):
             command.add_argument("--json", action="store_true", help="machine-readable output")
-        if name == "verify":
+        if name in ("verify", "preflight"):
             command.add_argument(
                 "--expect",
                 action="append",

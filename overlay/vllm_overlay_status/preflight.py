@@ -55,19 +55,24 @@ def problems(environ: Mapping[str, str] | None = None) -> list[str]:
     return found
 
 
-def script(python: str, then: str) -> str:
-    """The entrypoint: preflight in ``python``, then ``then`` (the base's entrypoint) with the arguments."""
+def script(python: str, then: str, manifest_sha256: str = "") -> str:
+    """The entrypoint: preflight in ``python``, then ``then`` (the base's entrypoint) with the arguments.
+
+    ``manifest_sha256``: the manifest's sha256 as the build proved it against the image's label; the
+    preflight then refuses a manifest edited since (its RECORD and file hashes are what it trusts).
+    """
     run = f'exec {" ".join(shlex.quote(word) for word in shlex.split(then))} "$@"' if then.strip() else 'exec "$@"'
+    expect = f" --expect manifest_sha256={shlex.quote(manifest_sha256)}" if manifest_sha256 else ""
     return (
         "#!/bin/sh\n"
         "# The overlay image's entrypoint (python3 -m vllm_overlay_status entrypoint wrote it at build):\n"
         "# the checks no vLLM plugin can make, then the base image's own entrypoint with these arguments.\n"
-        f"{shlex.quote(python)} -m vllm_overlay_status preflight || exit $?\n"
+        f"{shlex.quote(python)} -m vllm_overlay_status preflight{expect} || exit $?\n"
         f"{run}\n"
     )
 
 
-def write_script(path: Path, python: str, then: str) -> None:
+def write_script(path: Path, python: str, then: str, manifest_sha256: str = "") -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(script(python, then), encoding="utf-8")
+    path.write_text(script(python, then, manifest_sha256), encoding="utf-8")
     path.chmod(0o755)

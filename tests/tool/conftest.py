@@ -20,9 +20,12 @@ from tests.tool.helpers import (
     SPDX_HEADER,
     TRAILERS,
     PatchMaker,
+    fake_wheel_record,
     git,
     write_upstream,
 )
+from vllm_overlay import lock, wheel_record
+from vllm_overlay.store import Store
 
 
 @pytest.fixture(autouse=True)
@@ -35,6 +38,23 @@ def store_env(tmp_path: Path) -> Iterator[Path]:
     with pytest.MonkeyPatch.context() as own:
         own.setenv("VLLM_OVERLAY_CACHE", str(cache))
         yield cache
+
+
+@pytest.fixture(autouse=True)
+def no_wheel_download(monkeypatch: pytest.MonkeyPatch) -> None:
+    """upstream.lock's wheels stand in for the 340 MB download: when the cache holds no RECORD of one,
+    its RECORD is the fake install's (helpers.make_site). Any other wheel, or one a test put in the
+    cache (helpers.seed_wheel_record), goes the real way: cache, download, sha256 check."""
+    real = wheel_record.fetched
+    locked = {(a.filename, a.sha256) for a in lock.load(REPO_ROOT / "upstream.lock").wheels.values()}
+
+    def fetched(store: Store, project: str, version: str, filename: str, sha256: str) -> wheel_record.WheelRecord:
+        cached = store.downloads / (filename + wheel_record.SUFFIX)
+        if (filename, sha256) in locked and not cached.exists():
+            return wheel_record.WheelRecord(filename, sha256, fake_wheel_record())
+        return real(store, project, version, filename, sha256)
+
+    monkeypatch.setattr(wheel_record, "fetched", fetched)
 
 
 @pytest.fixture

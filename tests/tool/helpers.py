@@ -230,20 +230,44 @@ def snapshot(patches_dir):
     }
 
 
+def _metadata(version: str) -> bytes:
+    return f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n".encode()
+
+
+def fake_wheel_record(version: str = "0.33.0") -> str:
+    """The RECORD of the fake vllm wheel :func:`make_site` installs (the expectation its checks get)."""
+    rows = [f"{rel},{record.record_hash(sha(data))},{len(data)}" for rel, data in UPSTREAM_FILES.items()]
+    info, metadata = f"vllm-{version}.dist-info", _metadata(version)
+    rows += [f"{info}/METADATA,{record.record_hash(sha(metadata))},{len(metadata)}", f"{info}/RECORD,,"]
+    return "\n".join(rows) + "\n"
+
+
 def make_site(root: Path, version: str = "0.33.0") -> Path:
     """A site-packages with a vllm 'wheel install': files plus a dist-info whose RECORD lists them."""
-    rows = []
     for rel, data in UPSTREAM_FILES.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_bytes(data)
-        rows.append(f"{rel},{record.record_hash(sha(data))},{len(data)}")
     dist = root / f"vllm-{version}.dist-info"
     dist.mkdir()
-    metadata = f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n".encode()
-    (dist / "METADATA").write_bytes(metadata)
-    rows += [f"{dist.name}/METADATA,{record.record_hash(sha(metadata))},{len(metadata)}", f"{dist.name}/RECORD,,"]
-    (dist / "RECORD").write_text("\n".join(rows) + "\n")
+    (dist / "METADATA").write_bytes(_metadata(version))
+    (dist / "RECORD").write_text(fake_wheel_record(version))
     return root
+
+
+def site_record(site: Path) -> str:
+    """The RECORD :func:`make_site` wrote, read before a test tampers: the wheel's, the expectation."""
+    return next(site.glob("vllm-*.dist-info")).joinpath("RECORD").read_text()
+
+
+def seed_wheel_record(store_root: Path, the_lock: lock.Lock, text: str, arch: str | None = None) -> None:
+    """Put ``text`` in the cache as the locked wheel's RECORD (as if downloaded and checked): no download."""
+    from vllm_overlay import wheel_record
+
+    filename, sha256 = wheel_record.wheel_for(the_lock, arch)
+    downloads = store_root / "downloads"
+    downloads.mkdir(parents=True, exist_ok=True)
+    (downloads / (filename + wheel_record.SUFFIX)).write_text(text, encoding="utf-8")
+    (downloads / (filename + wheel_record.SUFFIX + ".sha256")).write_text(f"{sha256} {record.text_sha256(text)}\n")
 
 
 def sha(data: bytes) -> str:
@@ -360,7 +384,7 @@ def fake_env(root: Path, upstream: Path, version: str) -> Path:
     lines = [
         f"{p.relative_to(site).as_posix()},{record.record_hash(hashlib.sha256(p.read_bytes()).hexdigest())},"
         f"{p.stat().st_size}"
-        for p in sorted((site / "vllm").rglob("*"))
+        for p in [*sorted((site / "vllm").rglob("*")), info / "METADATA"]  # a wheel's RECORD lists its METADATA
         if p.is_file()
     ]
     (info / "RECORD").write_text("\n".join([*lines, f"{info.name}/RECORD,,"]) + "\n")

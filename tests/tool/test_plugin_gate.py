@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from tests.tool.helpers import REPO_ROOT
-from vllm_overlay import cache, lock
+from vllm_overlay import cache, lock, wheel_record
+from vllm_overlay.image import build_context
 from vllm_overlay.store import Store
 
 OVERLAY = REPO_ROOT / "overlay"
@@ -40,24 +41,29 @@ print("served broken")
 """
 
 
+def _test_store() -> Store:
+    return Store(Path(os.environ.get("VLLM_OVERLAY_TEST_STORE") or os.path.expanduser("~/.cache/vllm-overlay")))
+
+
 def _test_env_python() -> Path:
     the_lock = lock.load(REPO_ROOT / "upstream.lock")
-    root = os.environ.get("VLLM_OVERLAY_TEST_STORE") or os.path.expanduser("~/.cache/vllm-overlay")
-    python = Store(Path(root)).envs / cache.current_key(the_lock) / "bin" / "python"
+    python = _test_store().envs / cache.current_key(the_lock) / "bin" / "python"
     if not python.exists():
         pytest.skip(f"no test environment at {python.parent.parent} (scripts/test-patches builds it)")
     return python
 
 
 def _overlay_site(tmp_path: Path) -> Path:
-    """The overlay layer as the image lays it beside vllm: the package, the gate, the dist-info, a manifest."""
+    """The overlay layer as the image lays it beside vllm: the package, the gate, the dist-info, a manifest
+    stating the locked wheel's RECORD (the one the test environment's vllm was proven against) and
+    every file of the package, sealed as staging seals it."""
     site = tmp_path / "overlay-site"
     shutil.copytree(OVERLAY, site, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO_ROOT / "vllm_overlay" / "record.py", site / "vllm_overlay_status" / "_record.py")
     the_lock = lock.load(REPO_ROOT / "upstream.lock")
     manifest = {"format": 1, "upstream": {"project": "vllm", "version": the_lock.version, "commit": the_lock.commit},
                 "series_sha256": "", "series": [], "files": {}, "overlay_files": {}, "unshipped": []}  # fmt: skip
-    (site / "vllm_overlay_status" / "manifest.json").write_text(json.dumps(manifest))
+    build_context.seal_status_package(site, manifest, wheel_record.locked(the_lock, _test_store()))
     return site
 
 

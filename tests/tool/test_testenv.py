@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tool.helpers import REPO_ROOT
+from tests.tool.helpers import REPO_ROOT, make_site, seed_wheel_record, site_record
 from vllm_overlay import lock, testenv
 from vllm_overlay.errors import InputError
 from vllm_overlay.store import Store
@@ -137,12 +137,13 @@ def test_a_given_env_without_vllm_is_refused_not_rebuilt(
     the_lock: lock.Lock, store_env: Path, tmp_path: Path, monkeypatch
 ) -> None:
     env = _given_env(tmp_path, {"tblib": "", "pytest_timeout": ""})
+    seed_wheel_record(store_env, the_lock, site_record(make_site(tmp_path / "wheel")))
     monkeypatch.setenv(testenv.ENV_VAR, str(env))  # the variable gives it as --env does
     with pytest.raises(testenv.EnvError) as caught:
         testenv.ensure(the_lock, Store())
     message = str(caught.value)
     assert message.startswith(f"{env}: the installed vllm is not pristine per its RECORD (")
-    assert "no distribution 'vllm'" in message and "it is not rebuilt" in message
+    assert "no-dist: vllm" in message and "it is not rebuilt" in message
     assert env.is_dir() and sorted(p.name for p in env.iterdir()) == ["bin"]  # nothing deleted or built there
     assert not store_env.joinpath("envs").exists() or not any(store_env.joinpath("envs").glob(".*"))
 

@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_overlay import output, record, testenv
+from vllm_overlay import cpu_runtime, output, record, testenv
 from vllm_overlay.cpu_runtime import RuntimeLock
 from vllm_overlay.e2e.server import Server, ServerSpec, command, server_env, stop_group
 from vllm_overlay.errors import InputError
@@ -137,7 +137,8 @@ def ensure_base(
         output.info(f"[e2e] base image {ref} present ({eng.name}; made of runtime {pristine.path.name})")
         return ref, purelib
     stale = _image_id(eng, ref)
-    problems = record.verify_distribution(pristine.site_packages, runtime.project)
+    expected = cpu_runtime.expected_record(runtime, store).text  # the locked wheel's, never the installed RECORD
+    problems = record.verify_distribution(pristine.site_packages, runtime.project, expected=expected)
     if problems:
         raise ContainerError(f"{pristine.path}: {runtime.project} is not pristine per its RECORD: {problems[:3]}")
     tar = standins.rootfs_tar(store.root, suite, mirror or standins.apt_mirror(), CPU_PACKAGES, name="vllm-cpu")

@@ -67,7 +67,8 @@ def status_commands(python: Path, site: Path, context: build_context.BuildContex
 def lay_out(pristine: testenv.Env, dist: str, context: build_context.BuildContext, dest: Path) -> testenv.Env:
     """The patched runtime at ``dest`` for ``context`` (built if missing or stale), verified."""
     started = time.monotonic()
-    problems = record.verify_distribution(pristine.site_packages, dist)
+    expected = build_context.staged_wheel_record(context)  # the locked wheel's, as staging read it
+    problems = record.verify_distribution(pristine.site_packages, dist, expected=expected)
     if problems:
         raise LayoutError(
             f"{pristine.path}: the installed {dist} is not pristine per its RECORD "

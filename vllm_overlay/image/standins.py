@@ -27,13 +27,16 @@ from pathlib import Path
 
 import git
 
-from vllm_overlay import indexes, lock, output, record, shadow, upstream_trees
+from vllm_overlay import indexes, lock, output, record, shadow, upstream_trees, wheel_record
 from vllm_overlay.audit.targets import commit_reader
 from vllm_overlay.image import engine
 from vllm_overlay.store import Store
 
 STANDIN = "localhost/vllm-openai-standin:v{version}-py"  # -py: carries the .py files only (see carry_files)
 CARRIED_SUFFIXES = (".py",)
+# The Dockerfile's VLLM_RECORD_SCOPE for a build on the stand-in: the in-image verify checks the cut of
+# the wheel's RECORD the stand-in carries (record.scoped_rows), and says so in every verdict.
+STANDIN_SCOPE = ",".join(CARRIED_SUFFIXES)
 # The first stage of the project's Dockerfile needs python3 (3.11+, with venv), git and CA certificates:
 # Debian bookworm's (3.11.2, without tarfile's data filter: safetar's own checks). README command 1
 # runs on the same stand-in (readme_ci).
@@ -169,7 +172,8 @@ def make_standin(eng: engine.Engine, ref: str, the_lock: lock.Lock, python: str,
         raise engine.EngineError(
             f"{site}: no vllm {the_lock.version} dist-info (found {dist and dist.metadata['Version']})"
         )
-    problems = record.verify_distribution(site, "vllm")
+    expected = wheel_record.locked(the_lock, Store()).text  # the lock's wheel, never the installed RECORD
+    problems = record.verify_distribution(site, "vllm", expected=expected)
     if problems:
         raise engine.EngineError(f"{site}: vllm is not pristine ({len(problems)} problem(s), first: {problems[0]})")
     container = sh(eng.exe, "from", "scratch").splitlines()[-1]

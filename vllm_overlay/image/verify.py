@@ -3,6 +3,8 @@
 The checks live in overlay/vllm_overlay_status/checks.py (they ship in the image); this module
 imports that package from the project's overlay/ directory, where its RECORD checks fall back to
 :mod:`vllm_overlay.record` (the image carries a staged copy of it). One source for both sides.
+Tool-side, the expectation is the locked wheel's RECORD read by the tool itself
+(:mod:`vllm_overlay.wheel_record`), not the copy the checked site-packages carries.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def status_package(overlay_dir: Path) -> ModuleType:
 
 
 def pristine_manifest(lock: Lock) -> dict:
-    """What an installation with no patches must be: the locked release, exactly as RECORD says."""
+    """What an installation with no patches must be: the locked release, exactly as its wheel's RECORD says."""
     return {
         "format": 1,
         "upstream": {"project": lock.project, "version": lock.version, "commit": lock.commit},
@@ -59,8 +61,11 @@ def choose_manifest(site_packages: Path, manifest: Path | None, lock: Lock) -> t
     return pristine_manifest(lock), f"none found: expecting pristine vllm {lock.version}"
 
 
-def verify_site_packages(site_packages: Path, manifest: dict, overlay_dir: Path) -> list[str]:
-    """Every difference from RECORD and the manifest (empty: verified). Never imports vllm or torch."""
+def verify_site_packages(site_packages: Path, manifest: dict, overlay_dir: Path, expected: str) -> list[str]:
+    """Every difference from the wheel's RECORD ``expected`` and the manifest (empty: verified).
+
+    Never imports vllm or torch.
+    """
     status_package(overlay_dir)
     checks = importlib.import_module(f"{STATUS_PACKAGE}.checks")
-    return checks.verify(site_packages, manifest)
+    return checks.verify(site_packages, manifest, expected=expected)

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.tool.helpers import REPO_ROOT, make_site, verb_help
-from vllm_overlay import cli, lock, shadow
+from tests.tool.helpers import REPO_ROOT, make_site, seed_wheel_record, site_record, verb_help
+from vllm_overlay import cli, lock, record, shadow, wheel_record
 from vllm_overlay.image import verify
 
-OPTIONS = ("--project", "--site-packages", "--python", "--manifest", "--json")
+OPTIONS = ("--project", "--site-packages", "--python", "--manifest", "--json", "--arch")
 
 
 @pytest.fixture
@@ -28,8 +28,17 @@ def proj(project: Path) -> Path:
 
 
 @pytest.fixture
-def site(tmp_path: Path) -> Path:
-    return make_site(tmp_path / "site-packages")
+def site(tmp_path: Path, store_env: Path) -> Path:
+    """The fake install; its wheel's RECORD in the cache as the lock's wheel (as if downloaded and checked)."""
+    made = make_site(tmp_path / "site-packages")
+    seed_wheel_record(store_env, lock.load(REPO_ROOT / "upstream.lock"), site_record(made))
+    return made
+
+
+def wheel_line(site: Path) -> str:
+    """How the command names the expectation: the locked wheel for this machine and its RECORD's sha256."""
+    name = wheel_record.wheel_for(lock.load(REPO_ROOT / "upstream.lock"))[0]
+    return f"expected files: {name}'s RECORD, sha256 {record.text_sha256(site_record(site))[:16]}"
 
 
 def test_help_lists_every_option_and_the_exit_codes(capsys):
@@ -49,9 +58,13 @@ def test_site_packages_and_python_together_are_refused_by_the_parser(capsys, tmp
 def test_a_pristine_site_packages_is_verified_against_the_lock(proj, site, capsys):
     assert cli.main(["verify-install", "--project", str(proj), "--site-packages", str(site)]) == 0
     captured = capsys.readouterr()
-    assert captured.err == f"verifying {site} (manifest: none found: expecting pristine vllm 0.33.0)\n"
-    assert captured.out.startswith(
-        f"verified: vllm 0.33.0 in {site}: RECORD-pristine apart from 0 replaced file(s), which match the manifest ("
+    assert (
+        captured.err == f"verifying {site} (manifest: none found: expecting pristine vllm 0.33.0; {wheel_line(site)})\n"
+    )
+    assert captured.out.startswith(f"verified: vllm 0.33.0 in {site}: the files of vllm-0.33.0-")
+    assert (
+        "(its RECORD, checked against the lock) apart from 0 replaced file(s), which match the manifest ("
+        in captured.out
     )
 
 
@@ -79,12 +92,14 @@ def test_the_manifest_given_is_the_one_verified_against(proj, site, tmp_path, mo
     manifest["files"] = {"vllm/core.py": {"sha256": "0" * 64}}
     given.write_text(json.dumps(manifest))
     seen = []
-    monkeypatch.setattr(verify, "verify_site_packages", lambda s, m, overlay: seen.append((s, m, overlay)) or [])
+    monkeypatch.setattr(
+        verify, "verify_site_packages", lambda s, m, overlay, expected: seen.append((s, m, overlay, expected)) or []
+    )
     argv = ["verify-install", "--project", str(proj), "--site-packages", str(site), "--manifest", str(given)]
     assert cli.main(argv) == 0
-    assert seen == [(site, manifest, proj.resolve() / "overlay")]
+    assert seen == [(site, manifest, proj.resolve() / "overlay", site_record(site))]
     captured = capsys.readouterr()
-    assert captured.err == f"verifying {site} (manifest: {given})\n"
+    assert captured.err == f"verifying {site} (manifest: {given}; {wheel_line(site)})\n"
     assert "apart from 1 replaced file(s)" in captured.out
 
 
@@ -122,3 +137,13 @@ def test_a_manifest_missing_or_not_json_is_exit_2_in_one_line(proj, site, tmp_pa
 def test_a_project_without_a_lock_is_exit_2_in_one_line(tmp_path, site, capsys):
     assert cli.main(["verify-install", "--project", str(tmp_path), "--site-packages", str(site)]) == 2
     assert capsys.readouterr().err == f"error: {tmp_path.resolve() / 'upstream.lock'}: not found\n"
+
+
+def test_an_edit_hidden_by_deleting_record_is_exit_1(proj, site, capsys):
+    """The installed RECORD is checked, not believed: deleting it no longer makes every file pristine."""
+    (site / "vllm" / "core.py").write_text("value = 666\n")
+    (site / "vllm-0.33.0.dist-info" / "RECORD").unlink()
+    assert cli.main(["verify-install", "--project", str(proj), "--site-packages", str(site)]) == 1
+    err = capsys.readouterr().err
+    assert "error: record-missing: vllm-0.33.0.dist-info/RECORD (the installed RECORD is gone)" in err
+    assert "vllm/core.py" in err

@@ -11,15 +11,20 @@ from pathlib import Path
 
 import pytest
 
-from tests.tool.helpers import bare_build_context, make_site
-from vllm_overlay import testenv
+from tests.tool.helpers import bare_build_context, fake_wheel_record, make_site
+from vllm_overlay import record, testenv
 from vllm_overlay.e2e import layout
 from vllm_overlay.errors import InputError
 from vllm_overlay.image import build_context
 
 
 def _context(root: Path) -> build_context.BuildContext:
-    return bare_build_context(root, {"upstream": {"version": "0.33.0"}})
+    """A staged context's manifest and the wheel RECORD it carries (the fake install's, helpers.make_site)."""
+    wheel = root / "overlay" / build_context.STATUS_PACKAGE / build_context.WHEEL_RECORD
+    wheel.parent.mkdir(parents=True, exist_ok=True)
+    wheel.write_text(fake_wheel_record())
+    stated = {"sha256": record.text_sha256(fake_wheel_record())}
+    return bare_build_context(root, {"upstream": {"version": "0.33.0"}, "expected_record": stated})
 
 
 def test_status_commands_are_the_dockerfiles_compile_then_verify(tmp_path: Path) -> None:
@@ -56,6 +61,15 @@ def test_a_runtime_that_is_not_pristine_is_refused_and_nothing_is_made(tmp_path:
     assert "vllm/core.py" in message and message.endswith("; it is not laid over")
     assert not (tmp_path / "out").exists()
     assert issubclass(layout.LayoutError, InputError)
+
+
+def test_a_runtime_whose_record_was_deleted_is_refused(tmp_path: Path) -> None:
+    """The edit hidden by deleting RECORD: the staged wheel RECORD, not the installed one, is the expectation."""
+    pristine = _pristine(tmp_path / "runtime")
+    (pristine.site_packages / "vllm" / "core.py").write_text("value = 2\n")
+    next(pristine.site_packages.glob("vllm-*.dist-info")).joinpath("RECORD").unlink()
+    with pytest.raises(layout.LayoutError, match=r"record-missing: vllm-0\.33\.0\.dist-info/RECORD"):
+        layout.lay_out(pristine, "vllm", _context(tmp_path / "ctx"), tmp_path / "out" / "patched-runtime")
 
 
 def test_replace_writes_a_new_file_over_a_symlink(tmp_path: Path) -> None:

@@ -147,7 +147,7 @@ def test_ci_image_builds_call_the_library_typed_over_one_staged_context(
     assert len(staged) == 1 and staged[0]["base_image"] == run.ref
     assert all(isinstance(options, build.BuildOptions) for options in calls) and len(calls) == 3
     assert [(o.engine, o.tags, dict(o.build_args), o.pull, o.no_cache) for o in calls[:2]] == [
-        ("buildah", (ci_checks.TAG,), {"VLLM_SITE_PACKAGES": run.site}, False, True)
+        ("buildah", (ci_checks.TAG,), {"VLLM_SITE_PACKAGES": run.site, "VLLM_RECORD_SCOPE": ".py"}, False, True)
     ] * 2
     assert seen[-1] == ("podman", ci_checks.ENGINE_OPTIONS["podman"]) and seen[0] == ("buildah", engine.Options())
     assert [b[0] for b in fake.builds] == [run.built_context.root] * 3 and all(b[3] for b in fake.builds)

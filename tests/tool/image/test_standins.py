@@ -50,12 +50,20 @@ def test_stand_in_carries_the_py_files_with_a_record_of_exactly_them(tmp_path: P
         if p.is_file()
     ]
     (info / "RECORD").write_text("\n".join([*rows, "../../bin/vllm,sha256=x,1", f"{info.name}/RECORD,,"]) + "\n")
-    assert record.verify_distribution(site, "vllm") == []
+    wheel = (info / "RECORD").read_text()  # the wheel's RECORD: the expectation
+    assert record.verify_distribution(site, "vllm", expected=wheel) == []
 
     target = tmp_path / "standin"
     count, size = standins.carry_files(site, info, target)
     assert count == 3 and size == len(b"X = 1\n") + len(info.joinpath("METADATA").read_bytes())
     assert not (target / "vllm" / "_C.abi3.so").exists() and not (target / "bin").exists()
-    assert record.verify_distribution(target, "vllm") == []  # the stand-in is its (trimmed) RECORD
+    scope = tuple(standins.STANDIN_SCOPE.split(","))
+    # The stand-in is the wheel's RECORD cut as the build's VLLM_RECORD_SCOPE cuts it; uncut, the .so is missing.
+    assert record.verify_distribution(target, "vllm", expected=wheel, suffixes=scope) == []
+    assert [(p.kind, p.path) for p in record.verify_distribution(target, "vllm", expected=wheel)] == [
+        ("record-altered", "vllm-9.9.9.dist-info/RECORD"),
+        ("missing", "vllm/_C.abi3.so"),
+    ]
     (target / "vllm" / "envs.py").write_text("X = 2\n")
-    assert [p.path for p in record.verify_distribution(target, "vllm")] == ["vllm/envs.py"]
+    problems = record.verify_distribution(target, "vllm", expected=wheel, suffixes=scope)
+    assert [p.path for p in problems] == ["vllm/envs.py"]

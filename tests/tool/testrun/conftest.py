@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.tool.helpers import UPSTREAM_TEST, PatchMaker, fake_env, write_upstream
-from vllm_overlay import testenv
+from tests.tool.helpers import UPSTREAM_TEST, PatchMaker, fake_env, seed_wheel_record, write_upstream
+from vllm_overlay import lock, testenv
 
 
 @pytest.fixture
@@ -21,4 +21,8 @@ def fake_project(tmp_path: Path, store_env: Path, project: Path, make_patch: Pat
     )
     version = json.loads(json.dumps(__import__("tomllib").loads((project / "upstream.lock").read_text())))
     env = fake_env(tmp_path / "venv", upstream, version["upstream"]["version"])
+    # The fake vllm stands for the locked wheel's install: its RECORD, as written, is the wheel's.
+    wheel = next(env.glob("lib/python*/site-packages/vllm-*.dist-info/RECORD")).read_text()
+    (env / "wheel-RECORD").write_text(wheel)
+    seed_wheel_record(store_env, lock.load(project / "upstream.lock"), wheel)
     return {"upstream": upstream, "env": env, "project": project, "make_patch": make_patch}

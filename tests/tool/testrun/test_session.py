@@ -28,7 +28,9 @@ def test_whole_run_proves_red_green_and_upstream(fake_project: dict, tmp_path: P
     assert "red" in out.err and "green" in out.err  # progress lines
     assert xml_root.get("failures") == "0" and int(xml_root.get("tests")) >= 4
     # The shared environment was not modified, and a second run reuses the cached baseline.
-    assert record.verify_distribution(Path(data["environment"]["site_packages"]), "vllm") == []
+    site = Path(data["environment"]["site_packages"])
+    wheel = (fake_project["env"] / "wheel-RECORD").read_text()  # the fake wheel's, kept by the fixture
+    assert record.verify_distribution(site, "vllm", expected=wheel) == []
     code, data, _ = run_cli(fake_project, tmp_path, "--no-cache")
     assert code == 0 and not data["patches"][0]["cached"] and data["pytest_processes"] == 5
     assert not (fake_project["project"] / "build" / "patched").exists()  # apply-patches' tree untouched
