@@ -14,6 +14,8 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+from vllm_overlay.errors import InputError
+
 UNPACK_PREFIX = ".unpack-"  # sdists being unpacked for import
 
 
@@ -26,6 +28,10 @@ def default_root() -> Path:
     return Path(xdg) / "vllm-overlay"
 
 
+class OutsideCacheError(InputError, ValueError):
+    """A name that would make a cache path lead out of the cache (``..``, a separator, a symlink)."""
+
+
 class Store:
     def __init__(self, root: Path | None = None) -> None:
         self.root = (root or default_root()).resolve()
@@ -33,6 +39,18 @@ class Store:
     @property
     def downloads(self) -> Path:
         return self.root / "downloads"
+
+    def download(self, filename: str) -> Path:
+        """``downloads/<filename>``, refused unless it is a plain name that stays inside the cache.
+
+        Every name comes from a lock or an index page; a ``..`` or a separator in one would read an
+        archive elsewhere and write its ``.imported``/``.sha256`` records beside it.
+        """
+        plain = filename and filename not in (".", "..") and not any(c in filename for c in "/\\\0")
+        path = self.downloads / filename
+        if not plain or not path.resolve().is_relative_to(self.downloads.resolve()):
+            raise OutsideCacheError(f"{filename!r} is not a plain file name inside the cache's downloads")
+        return path
 
     @property
     def upstreams_git(self) -> Path:

@@ -443,7 +443,7 @@ def _obtain_release(store: Store, lock: Lock, version: str, locked: bool) -> Ups
     project = lock.project
     tag = f"upstream/{version}"
     filename = f"{project}-{version}.tar.gz"
-    archive = store.downloads / filename
+    archive = store.download(filename)
     if locked:
         sha256 = lock.sdist.sha256
         url: str | None = None
@@ -452,7 +452,7 @@ def _obtain_release(store: Store, lock: Lock, version: str, locked: bool) -> Ups
         sha256 = entry.sha256 if entry else _cached_sha(store, filename)
         url = entry.url if entry else None
     git_dir = _store_git_dir(store)
-    marker = store.downloads / f"{filename}.imported"
+    marker = store.download(f"{filename}.imported")
     record = objects.ImportRecord.read(marker)
     if record is None or record.sha256 != sha256 or _tag_commit(git_dir, tag) != record.commit:
         if not archive.exists() or sha256_file(archive) != sha256:
@@ -465,11 +465,11 @@ def _obtain_release(store: Store, lock: Lock, version: str, locked: bool) -> Ups
                 url = entry.url
             output.info(f"downloading {filename}")
             download(url, archive, sha256)
-            (store.downloads / f"{filename}.url").write_text(output.redact_credentials(url) + "\n")
+            store.download(f"{filename}.url").write_text(output.redact_credentials(url) + "\n")
         output.info(f"importing {filename} into the upstream cache")
         record = _import_release_archive(store, archive, tag, sha256)
         record.write(marker)
-        (store.downloads / f"{filename}.sha256").write_text(sha256 + "\n")
+        store.download(f"{filename}.sha256").write_text(sha256 + "\n")
     else:
         before = record.fingerprint
         # Every run: the cache still holds what was imported (the tag was just seen naming it).
@@ -481,7 +481,7 @@ def _obtain_release(store: Store, lock: Lock, version: str, locked: bool) -> Ups
     release_commit = version_field(version_file, COMMIT_ID_RE)
     if locked:
         check_provenance(lock, version_field(version_file, VERSION_RE_IN_FILE), release_commit)
-    recorded_url = store.downloads / f"{filename}.url"
+    recorded_url = store.download(f"{filename}.url")
     if url is None and recorded_url.is_file():  # cached: say where it was downloaded from
         url = recorded_url.read_text().strip()
     return Upstream(
@@ -507,8 +507,8 @@ def imported_locked(lock: Lock, store: Store) -> dict[str, object] | None:
     imported yet, imported for another sha256, or without a recorded origin (obtain then decides).
     """
     filename = f"{lock.project}-{lock.version}.tar.gz"
-    record = objects.ImportRecord.read(store.downloads / f"{filename}.imported")
-    origin = store.downloads / f"{filename}.url"
+    record = objects.ImportRecord.read(store.download(f"{filename}.imported"))
+    origin = store.download(f"{filename}.url")
     if record is None or record.sha256 != lock.sdist.sha256 or not origin.is_file():
         return None
     return {
@@ -523,7 +523,7 @@ def imported_locked(lock: Lock, store: Store) -> dict[str, object] | None:
 
 
 def _cached_sha(store: Store, filename: str) -> str:
-    recorded = store.downloads / f"{filename}.sha256"
+    recorded = store.download(f"{filename}.sha256")
     if recorded.exists():
         return recorded.read_text().strip()
     raise SourceError(f"no recorded sha256 for cached {filename}; delete it from {store.downloads}")
