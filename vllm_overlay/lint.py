@@ -163,5 +163,10 @@ def lint(repo_root: Path, patches_dir: Path, tree: Path | None = None) -> list[s
                 problems.append(f"{where}: Targets {target!r} is not MODULE:QUALNAME")
         problems.extend(f"{where}: {problem}" for problem in dependencies.lint_problems(patch, pins))
         problems.extend(f"{where}: {problem}" for problem in paths.problems(patch, tree))
+        problems.extend(
+            f"{where}: writes {name}, which steers how git converts, diffs and merges files; "
+            "the series may not carry git attributes"
+            for name in paths.attribute_files(patch)
+        )
     problems.extend(spdx_problems(repo_root))
     return problems

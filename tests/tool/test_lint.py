@@ -230,3 +230,16 @@ def test_a_folded_forwarded_value_is_read_as_git_unfolds_it(project, make_patch,
         path.read_text().replace(FORWARDED, "Forwarded: no (reason: not filed\n yet; drop when: upstream\n checks it)")
     )
     assert problems(project) == []
+
+
+def test_a_case_variant_of_git_and_a_gitattributes_file_are_flagged(project, make_patch, upstream_dir):
+    """Issue 51 items 10 and 13."""
+    path = make_patch(upstream_dir, change_line_20, "core: change line 20")
+    text = path.read_text()
+    path.write_text(text.replace("vllm/core.py", ".GIT/config"))
+    assert any("path inside .git '.GIT/config'" in p for p in problems(project)), problems(project)
+    path.write_text(text.replace("vllm/core.py", "vllm/.gitattributes"))
+    assert any(
+        "writes vllm/.gitattributes, which steers how git converts, diffs and merges files" in p
+        for p in problems(project)
+    ), problems(project)
