@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vllm_overlay import atomicfile, indexes, objects, output
+from vllm_overlay import atomicfile, gitenv, indexes, objects, output
 from vllm_overlay.errors import InputError
 from vllm_overlay.store import UNPACK_PREFIX, Store
 
@@ -263,8 +263,11 @@ def _store_repo(store: Store) -> git.Repo:
 
     if not (store.upstreams_git / "HEAD").exists():
         store.upstreams_git.parent.mkdir(parents=True, exist_ok=True)
-        return git.Repo.init(store.upstreams_git, bare=True)
-    return git.Repo(store.upstreams_git)
+        repo = git.Repo.init(store.upstreams_git, bare=True)
+    else:
+        repo = git.Repo(store.upstreams_git)
+    gitenv.attributes_off(store.upstreams_git)  # an imported tree's .gitattributes converts nothing
+    return repo
 
 
 def _store_git_dir(store: Store) -> Path:
@@ -272,6 +275,7 @@ def _store_git_dir(store: Store) -> Path:
     imported reads it by plain git processes: GitPython is imported only to import one."""
     if not (store.upstreams_git / "HEAD").exists():
         _store_repo(store)
+    gitenv.attributes_off(store.upstreams_git)
     return store.upstreams_git
 
 
@@ -623,6 +627,7 @@ def clone_at(
     # hardlinking objects where it can and copying them where it cannot.
     patched_repo.git(dest.parent, "clone", "--quiet", "--no-checkout", "--", str(store.upstreams_git), str(dest))
     shutil.rmtree(dest / ".git" / "hooks", ignore_errors=True)
+    gitenv.attributes_off(dest / ".git")  # the working tree is the committed tree, byte for byte
     if add_objects is not None:
         add_objects(dest / ".git")
     if only:
