@@ -243,3 +243,22 @@ def test_a_case_variant_of_git_and_a_gitattributes_file_are_flagged(project, mak
         "writes vllm/.gitattributes, which steers how git converts, diffs and merges files" in p
         for p in problems(project)
     ), problems(project)
+
+
+def test_lint_into_a_closed_pipe_ends_quietly(project, make_patch, upstream_dir):
+    """Issue 51 item 4: ``lint-patches | head -1`` died with a BrokenPipeError traceback."""
+    import subprocess
+    import sys
+
+    from tests.tool.helpers import REPO_ROOT
+
+    make_patch(upstream_dir, change_line_20, "core: change line 20")
+    for number in range(3000):  # more problem lines than a pipe holds: the writer is still writing
+        (project / "patches" / "demo" / f"stray-{number:04}.patch").write_text("")
+    argv = [sys.executable, "-m", "vllm_overlay.cli", "lint-patches", "--project", str(project)]
+    process = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert process.stdout.readline()  # what `head -1` reads; then it exits
+    process.stdout.close()
+    err = process.stderr.read().decode()
+    assert process.wait(timeout=60) == 141, err  # as a command SIGPIPE killed
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
