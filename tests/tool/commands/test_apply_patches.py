@@ -272,3 +272,53 @@ def test_a_wait_for_the_cache_lock_is_said_once(project, make_patch, upstream_di
     assert code == 0, err
     said = f"waiting for pid {holder.pid}, which holds the cache's lock {store_env / '.lock'}"
     assert err.count(said) == 1, err
+
+
+def test_one_patch_listed_twice_through_a_symlink_is_a_duplicate(built, upstream_dir, capsys):
+    """Issue 51 item 9: the second listing reverse-applied and was reported as "already-upstream"."""
+    before = head(built)
+    (built / "patches" / "demo" / "again.patch").symlink_to("core-change-line-20.patch")
+    series_file = built / "patches" / "series"
+    series_file.write_text(series_file.read_text() + "demo/again.patch\n")
+    assert apply_code(built, upstream_dir) == 2
+    said = (
+        "demo/again.patch: the same file as demo/core-change-line-20.patch, listed before it in series (a link): "
+        "the patch would be applied twice"
+    )
+    assert capsys.readouterr().err == f"error: {said}\n"
+    assert head(built) == before
+    assert f"patches/{said}" in lint.lint(built, built / "patches")
+
+
+@pytest.mark.parametrize(
+    ("listed", "says"),
+    [
+        (
+            "demo/core-change-line-20\u200b.patch",
+            r"'demo/core-change-line-20\u200b.patch' holds U+200B (ZERO WIDTH SPACE)",
+        ),
+        (
+            "demo/\u200fcore-change-line-20.patch",
+            r"'demo/\u200fcore-change-line-20.patch' holds U+200F (RIGHT-TO-LEFT MARK)",
+        ),
+        ("demo/cafe\u0301.patch", r"'demo/cafe\u0301.patch' is not in Unicode NFC form"),
+    ],
+)
+def test_a_name_that_looks_like_another_is_shown_escaped(built, upstream_dir, capsys, listed, says):
+    """Issue 51 item 9: "listed in series but the file does not exist" named, raw, a file that looks
+    identical to one that exists. Such a name is refused where the series is read, shown escaped."""
+    series_file = built / "patches" / "series"
+    series_file.write_text(series_file.read_text().replace("demo/core-change-line-20.patch", listed))
+    before = head(built)
+    assert apply_code(built, upstream_dir) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1 and listed not in err, err
+    assert head(built) == before
+    assert any(says in line for line in lint.lint(built, built / "patches"))
+
+
+def test_a_patch_file_whose_name_does_not_show_is_named_escaped_by_lint(built):
+    (built / "patches" / "demo" / "caf\u00e9\u200b.patch").write_text("")
+    found = lint.lint(built, built / "patches")
+    assert r"patches/'demo/caf\xe9\u200b.patch': not listed in series" in found, found
+    assert any(r"holds U+200B (ZERO WIDTH SPACE), which does not show" in line for line in found), found
