@@ -459,17 +459,19 @@ def _obtain_release(store: Store, lock: Lock, version: str, locked: bool) -> Ups
     marker = store.download(f"{filename}.imported")
     record = objects.ImportRecord.read(marker)
     if record is None or record.sha256 != sha256 or _tag_commit(git_dir, tag) != record.commit:
-        if not archive.exists() or sha256_file(archive) != sha256:
-            if url is None:
-                entry = sdist_of(project, version)
-                if locked and entry.sha256 != sha256:
+        failed_check = archive.exists() and sha256_file(archive) != sha256
+        if failed_check or not archive.exists():
+            if failed_check:  # said first: whatever fetching it again says after is about the index
+                output.warn(f"the cached {archive} does not match its sha256 {sha256}: fetching it again")
+            try:
+                url = _fetch_release(project, version, archive, sha256, url, locked)
+            except SourceError as exc:
+                if failed_check:
                     raise SourceError(
-                        f"the index's sha256 for {filename} ({entry.sha256}) differs from upstream.lock ({sha256})"
-                    )
-                url = entry.url
-            output.info(f"downloading {filename}")
-            download(url, archive, sha256)
-            store.download(f"{filename}.url").write_text(output.redact_credentials(url) + "\n")
+                        f"the cached {archive} failed its sha256 check (expected {sha256}), and fetching it "
+                        f"again failed: {exc}"
+                    ) from exc
+                raise
         output.info(f"importing {filename} into the upstream cache")
         record = _import_release_archive(store, archive, tag, sha256)
         record.write(marker)
@@ -498,6 +500,22 @@ def _obtain_release(store: Store, lock: Lock, version: str, locked: bool) -> Ups
         sha256=sha256,
         origin=output.redact_credentials(url or f"{index_url()}/{project}/ ({filename})"),
     )
+
+
+def _fetch_release(project: str, version: str, archive: Path, sha256: str, url: str | None, locked: bool) -> str:
+    """Download the release's sdist to ``archive`` (verified against ``sha256``); returns its URL."""
+    filename = archive.name
+    if url is None:
+        entry = sdist_of(project, version)
+        if locked and entry.sha256 != sha256:
+            raise SourceError(
+                f"the index's sha256 for {filename} ({entry.sha256}) differs from upstream.lock ({sha256})"
+            )
+        url = entry.url
+    output.info(f"downloading {filename}")
+    download(url, archive, sha256)
+    archive.with_name(f"{filename}.url").write_text(output.redact_credentials(url) + "\n")
+    return url
 
 
 def imported_locked(lock: Lock, store: Store) -> dict[str, object] | None:

@@ -172,3 +172,27 @@ def test_a_git_upstream_with_a_submodule_is_refused_by_name(tmp_path, store_env)
     the_lock = lock.load(REPO_ROOT / "upstream.lock")
     with pytest.raises(upstream_trees.SourceError, match=r"submodules.* at third_party/sub"):
         upstream_trees.obtain(f"{tmp_path / 'gitsrc'}@{repo.head.commit.hexsha}", the_lock, Store())
+
+
+def test_a_cached_sdist_that_failed_its_check_is_named_before_the_index(store_env, monkeypatch, capsys):
+    """Issue 51 item 8: the cached sdist no longer matched its sha256 and the index was unreachable:
+    the error spoke only of the index."""
+    import socket
+
+    with socket.socket() as closed:  # a port nothing listens on: the index is unreachable
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    monkeypatch.setenv("VLLM_OVERLAY_INDEX_URL", f"http://127.0.0.1:{port}/simple")
+    the_lock = lock.load(REPO_ROOT / "upstream.lock")
+    store = Store()
+    cached = store.download(the_lock.sdist.filename)
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(b"not the release any more")
+    with pytest.raises(upstream_trees.SourceError) as raised:
+        upstream_trees.obtain(None, the_lock, store)
+    message = str(raised.value)
+    assert message.startswith(
+        f"the cached {cached} failed its sha256 check (expected {the_lock.sdist.sha256}), and fetching it again "
+        f"failed: cannot read the package index at http://127.0.0.1:{port}/simple/vllm/"
+    ), message
+    assert capsys.readouterr().err.startswith(f"warning: the cached {cached} does not match its sha256")
