@@ -155,10 +155,14 @@ def _fetch(url: str, accept: str) -> tuple[bytes, str, str]:
     import urllib.error
     import urllib.request
 
+    from vllm_overlay import transfer
+
     request = urllib.request.Request(url, headers={"Accept": accept})
+    seconds = transfer.deadline_seconds(transfer.PAGE_DEADLINE_S)
     try:
         with urllib.request.urlopen(request, timeout=60) as response:
-            return response.read(), response.headers.get_content_type(), response.geturl()
+            body = b"".join(transfer.blocks(response, seconds, f"reading {url}"))
+            return body, response.headers.get_content_type(), response.geturl()
     except urllib.error.HTTPError:
         raise
     except (urllib.error.URLError, TimeoutError) as exc:

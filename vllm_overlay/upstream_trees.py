@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vllm_overlay import atomicfile, gitenv, indexes, objects, output
+from vllm_overlay import atomicfile, gitenv, indexes, objects, output, transfer
 from vllm_overlay.errors import InputError
 from vllm_overlay.store import UNPACK_PREFIX, Store
 
@@ -181,10 +181,11 @@ def download(url: str, dest: Path, sha256: str, size: int | None = None) -> Path
     digest = hashlib.sha256()
     received = 0
     try:
+        seconds = transfer.deadline_seconds(transfer.FILE_DEADLINE_S)
         with os.fdopen(fd, "wb") as handle, urllib.request.urlopen(url, timeout=120) as response:
             total = int(response.headers.get("Content-Length") or 0) or size
             with tqdm(total=total, unit="B", unit_scale=True, desc=f"download {dest.name}", leave=False) as bar:
-                for block in iter(lambda: response.read(1 << 20), b""):
+                for block in transfer.blocks(response, seconds, f"the download of {dest.name}"):
                     handle.write(block)
                     digest.update(block)
                     received += len(block)
