@@ -82,7 +82,7 @@ def test_bracketed_subject_is_reported(project, make_patch, upstream_dir):
         "tests/tool/test_lint.py",
     ],
 )
-def test_tests_entries_stay_inside_their_series_folder(project, make_patch, upstream_dir, capsys, entry):
+def test_tests_entries_stay_inside_their_series_folder(project, make_patch, upstream_dir, capsys, entry, store_env):
     """Tests: is data from a patch file: lint and test-patches refuse paths outside tests/patches/<series>/."""
     path = make_patch(upstream_dir, change_line_20, "core: change line 20")
     outside = project.parent / "outside"
@@ -96,6 +96,7 @@ def test_tests_entries_stay_inside_their_series_folder(project, make_patch, upst
     )
     assert cli.main(["test-patches", "--project", str(project), "--env", str(project / "no-env")]) == 2
     assert "which is not inside tests/patches/demo/" in capsys.readouterr().err
+    assert not (store_env / "downloads").exists()  # refused before the upstream was fetched
 
 
 def test_tests_entry_through_a_symlink_out_of_its_folder(project, make_patch, upstream_dir, tmp_path):
