@@ -110,33 +110,43 @@ def _project(value: str) -> str:
     return value
 
 
+# PEP 440's canonical form (what ``str(packaging.version.Version(v))`` gives): no leading zeros, no
+# "v", no separators but its own, lowercase. A regular expression, not packaging: a run that
+# changes nothing parses the lock and must not import packaging for it.
+CANONICAL_VERSION_RE = re.compile(
+    r"^(?:[1-9]\d*!)?(?:0|[1-9]\d*)(?:\.(?:0|[1-9]\d*))*(?:(?:a|b|rc)(?:0|[1-9]\d*))?"
+    r"(?:\.post(?:0|[1-9]\d*))?(?:\.dev(?:0|[1-9]\d*))?(?:\+[a-z0-9]+(?:\.[a-z0-9]+)*)?$"
+)
+
+
 def _version(value: str) -> str:
     """The version names a cache file and a git tag: it must be exactly its canonical form."""
-    from packaging.version import InvalidVersion, Version  # packaging only where a lock is read
+    if CANONICAL_VERSION_RE.match(value):
+        return value
+    from packaging.version import InvalidVersion, Version  # only to say what to write instead
 
     try:
-        canonical = str(Version(value))
+        canonical: str | None = str(Version(value))
     except InvalidVersion:
         canonical = None
-    if canonical != value:
-        hint = f" (write {canonical!r})" if canonical else ""
-        raise LockError(f"{LOCK_NAME}: [upstream] version {value!r} is not a canonical version number{hint}")
-    return value
+    hint = f" (write {canonical!r})" if canonical and canonical != value else ""
+    raise LockError(f"{LOCK_NAME}: [upstream] version {value!r} is not a canonical version number{hint}")
+
+
+# A wheel's file name: NAME-VERSION(-BUILD)?-PYTHON-ABI-PLATFORM.whl, each part without a separator.
+WHEEL_TAIL_RE = re.compile(r"^(?:[0-9][A-Za-z0-9_.]*-)?[A-Za-z0-9_.]+-[A-Za-z0-9_.]+-[A-Za-z0-9_.]+\.whl$")
 
 
 def _wheel(arch: str, artifact: Artifact, project: str, version: str) -> Artifact:
     """A wheel's filename must be one wheel of the locked release, nothing that reads as a path."""
-    from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
-
     where = f"[artifacts.wheel-{arch}]"
-    try:
-        name, wheel_version, _, _ = parse_wheel_filename(artifact.filename)
-    except InvalidWheelFilename:
-        raise LockError(f"{LOCK_NAME}: {where} filename {artifact.filename!r} is not a wheel's file name") from None
-    if "/" in artifact.filename or "\\" in artifact.filename or artifact.filename.startswith("."):
-        raise LockError(f"{LOCK_NAME}: {where} filename {artifact.filename!r} is not a plain file name")
-    if name != canonicalize_name(project) or str(wheel_version) != version:
-        raise LockError(f"{LOCK_NAME}: {where} {artifact.filename} is not a wheel of {project} {version}")
+    name = artifact.filename
+    prefix = f"{project.replace('-', '_')}-{version}-"
+    plain = name.endswith(".whl") and not any(c in name for c in "/\\\0")
+    if not plain or (name.startswith(prefix) and not WHEEL_TAIL_RE.match(name.removeprefix(prefix))):
+        raise LockError(f"{LOCK_NAME}: {where} filename {name!r} is not a wheel's file name")
+    if not name.startswith(prefix):
+        raise LockError(f"{LOCK_NAME}: {where} {name} is not a wheel of {project} {version}")
     return artifact
 
 

@@ -155,3 +155,24 @@ def test_lock_value_types_are_named(old, new, message):
     assert old in text
     with pytest.raises(lock.LockError, match=message):
         lock.parse(text.replace(old, new, 1))
+
+
+def test_the_canonical_version_pattern_is_packagings_canonical_form():
+    """The lock checks a version with a regular expression (an unchanged re-apply must not import
+    packaging): over every combination below it accepts exactly what ``str(Version(v))`` gives back."""
+    import itertools
+
+    from packaging.version import InvalidVersion, Version
+
+    releases = ["0", "00", "1", "01", "0.33.0", "0.033.0", "2.14.0", "1.2.3.4"]
+    extras = ["", "a1", "b0", "rc2", "RC1", "c1", ".post1", "-post2", "post3", ".dev0", "-1", "+local.1", "+L.01"]
+    checked = 0
+    for head, release, extra, tail in itertools.product(["", "v", "1!", "0!", " "], releases, extras, ["", " ", "/x"]):
+        value = head + release + extra + tail
+        try:
+            canonical = str(Version(value)) == value
+        except InvalidVersion:
+            canonical = False
+        assert bool(lock.CANONICAL_VERSION_RE.match(value)) == canonical, value
+        checked += canonical
+    assert checked > 50  # the canonical ones were met too, not only refusals
