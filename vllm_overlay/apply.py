@@ -12,13 +12,14 @@ from __future__ import annotations
 import contextlib
 import re
 import shutil
+import sys
 import threading  # loaded with subprocess anyway
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vllm_overlay import apply_record, faults, interrupts, paths, staging
+from vllm_overlay import apply_record, diskspace, faults, interrupts, paths, staging
 from vllm_overlay.classify import (
     CHECKING_RE,
     FUZZ_CONTEXT,
@@ -385,6 +386,17 @@ def _apply_locked(
         where = f" ({exc.filename})" if exc.filename else ""
         state = "already holds the new tree" if published else "unchanged"
         raise ApplyError(f"cannot write beside {output}: {exc.strerror or exc}{where}; {output} {state}") from None
+    except Exception as exc:
+        # A git step that failed to write: git says "failed to write new configuration file
+        # .../config.lock" or "could not write to ...", not that the disk is full. Asked here, before
+        # the staging area is removed (which frees the space again).
+        said = _git_failure_text(exc)
+        no_space = diskspace.full(output.parent, said) if said is not None else None
+        if no_space is None:
+            raise
+        state = "already holds the new tree" if published else "unchanged"
+        last = [line.strip() for line in said.splitlines() if line.strip()][-1:] or [said]  # one line: git's last
+        raise ApplyError(f"cannot write beside {output}: {no_space} (git: {last[0]}); {output} {state}") from None
     except KeyboardInterrupt:
         interrupts.end_child_processes()
         raise Interrupted(output, published) from None
@@ -603,6 +615,18 @@ def _apply_each(
             faults.phase("committed")
         results.append(result)
     return results
+
+
+def _git_failure_text(exc: Exception) -> str | None:
+    """What a failed git step printed (None: ``exc`` is no git failure)."""
+    from vllm_overlay import patched_repo
+
+    if isinstance(exc, patched_repo.GitError):
+        return str(exc)
+    gitpython = sys.modules.get("git")  # a run that never imported GitPython raises none of its errors
+    if gitpython is not None and isinstance(exc, gitpython.GitCommandError):
+        return f"{' '.join(map(str, exc.command))}: {str(exc.stderr).strip()}"
+    return None
 
 
 def _refuse_unsafe_paths(patch: Patch, tree_root: Path) -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -82,9 +84,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except errors.InputError as exc:  # the one error path: every input error is one line and exit 2
         output.error(str(exc))
         return exc.exit_code
+    except BrokenPipeError:  # `lint-patches | head`: the reader has all it wanted
+        return _stdout_closed()
     finally:
         if index_url:  # this run's alone: a later run in the same process reads pip's configuration again
             indexes.set_override(None)
+
+
+def _stdout_closed() -> int:
+    """End quietly, as a command killed by SIGPIPE would (exit 141): point stdout at /dev/null so the
+    interpreter's last flush finds nowhere to fail and prints no second traceback."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":

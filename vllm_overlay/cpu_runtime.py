@@ -89,7 +89,8 @@ def parse(text: str, path: Path) -> RuntimeLock:
     runtime, wheel, sdist = _table(data, "runtime"), _table(data, "wheel"), _table(data, "sdist")
     project, version = _field(runtime, "project", "runtime"), _field(runtime, "version", "runtime")
     filename = _field(wheel, "filename", "wheel")
-    if not filename.startswith(f"{project.replace('-', '_')}-{version}-") or not filename.endswith(".whl"):
+    plain = "/" not in filename and "\\" not in filename and ".." not in filename  # it names a cache file
+    if not plain or not filename.startswith(f"{project.replace('-', '_')}-{version}-") or not filename.endswith(".whl"):
         raise RuntimeLockError(f"{LOCK_NAME}: wheel {filename} is not {project} {version}")
     upstream = _field(runtime, "upstream", "runtime")
     sdist_name = _field(sdist, "filename", "sdist")
@@ -119,7 +120,7 @@ def load(path: Path) -> RuntimeLock:
 
 def fetch_wheel(the_lock: RuntimeLock, store: Store) -> Path:
     """The locked wheel in the download cache, fetched from the configured index if missing."""
-    dest = store.downloads / the_lock.wheel_filename
+    dest = store.download(the_lock.wheel_filename)
     if dest.is_file() and upstream_trees.sha256_file(dest) == the_lock.wheel_sha256:
         return dest
     for entry in upstream_trees.release_files(the_lock.project, the_lock.version):
@@ -181,7 +182,7 @@ def cached_key(store: Store, lock_path: Path | None = None) -> str | None:
         the_lock = load(lock_path or DEFAULT_LOCK)
     except RuntimeLockError:
         return None
-    wheel = store.downloads / the_lock.wheel_filename
+    wheel = store.download(the_lock.wheel_filename)
     if not wheel.is_file() or upstream_trees.sha256_file(wheel) != the_lock.wheel_sha256:
         return None
     try:

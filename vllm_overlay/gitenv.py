@@ -17,6 +17,7 @@ import contextlib
 import os
 import subprocess
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 
 # Variables that only say how to reach a remote or talk to the user; kept.
 KEPT = (
@@ -77,6 +78,26 @@ SETTINGS = (
     ("checkout.workers", "1"),
 )
 _IDENTITY_KEYS = ("user.name", "user.email")
+
+# Every attribute by which git converts a file against its blob, diffs or merges it, set back to
+# unspecified for every path. ``core.attributesFile`` above hides the user's file; a tree's own
+# ``.gitattributes`` (an upstream's, or one a patch adds) is read from the tree itself, and no
+# setting hides it. ``info/attributes`` in the repository's git directory outranks every
+# ``.gitattributes`` (gitattributes(5)), so there these lines switch them off: a file is its blob
+# byte for byte, on import, checkout and commit, whatever the tree holds.
+ATTRIBUTES_OFF = "* !text !eol !crlf !ident !filter !working-tree-encoding !diff !merge\n"
+
+
+def attributes_off(git_dir: Path) -> None:
+    """Write ``ATTRIBUTES_OFF`` as ``git_dir``'s ``info/attributes`` (unless it is there already)."""
+    target = git_dir / "info" / "attributes"
+    try:
+        if target.read_text() == ATTRIBUTES_OFF:
+            return
+    except (FileNotFoundError, NotADirectoryError, UnicodeDecodeError):
+        pass
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(ATTRIBUTES_OFF)
 
 
 def _user_identity(environ: Mapping[str, str]) -> list[tuple[str, str]]:

@@ -19,8 +19,11 @@ from vllm_overlay.series import (
     Patch,
     SeriesError,
     load_patch,
+    name_problem,
     parse_all_trailers,
     read_series,
+    same_files,
+    shown,
     tests_path_problems,
 )
 
@@ -118,10 +121,14 @@ def lint(repo_root: Path, patches_dir: Path, tree: Path | None = None) -> list[s
     counts = Counter(entry.path for entry in entries)
     for name, count in counts.items():
         if count > 1:
-            problems.append(f"patches/{name}: listed {count} times in series")
+            problems.append(f"patches/{shown(name)}: listed {count} times in series")
+    problems.extend(f"patches/{line}" for line in same_files(patches_dir, list(counts)))
     on_disk = {p.relative_to(patches_dir).as_posix() for p in patches_dir.rglob("*.patch")}
     for name in sorted(on_disk - set(counts)):
-        problems.append(f"patches/{name}: not listed in {SERIES_FILE}")
+        problems.append(f"patches/{shown(name)}: not listed in {SERIES_FILE}")
+        unclear = name_problem(name)
+        if unclear:
+            problems.append(f"patches/{unclear}")
     loaded: dict[str, Patch | str] = {}
     for name in counts:
         try:
@@ -163,5 +170,10 @@ def lint(repo_root: Path, patches_dir: Path, tree: Path | None = None) -> list[s
                 problems.append(f"{where}: Targets {target!r} is not MODULE:QUALNAME")
         problems.extend(f"{where}: {problem}" for problem in dependencies.lint_problems(patch, pins))
         problems.extend(f"{where}: {problem}" for problem in paths.problems(patch, tree))
+        problems.extend(
+            f"{where}: writes {name}, which steers how git converts, diffs and merges files; "
+            "the series may not carry git attributes"
+            for name in paths.attribute_files(patch)
+        )
     problems.extend(spdx_problems(repo_root))
     return problems

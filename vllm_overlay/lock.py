@@ -51,18 +51,103 @@ class Lock:
         return hashlib.sha256(self.path.read_bytes()).hexdigest()
 
 
+# The distributions the tool knows how to overlay: their sdists lay out a ``vllm/`` package.
+SUPPORTED_PROJECTS = ("vllm",)
+
+
 def _require(table: dict, key: str, where: str) -> object:
     if key not in table:
         raise LockError(f"{LOCK_NAME}: missing '{key}' in [{where}]")
     return table[key]
 
 
+def _table(table: dict, key: str, where: str) -> dict:
+    """A required sub-table: a string or list where a table belongs is named, not a traceback later."""
+    value = _require(table, key, where)
+    if not isinstance(value, dict):
+        shown = f"[{key}]" if where == "top level" else f"[{where}.{key}]"
+        raise LockError(f"{LOCK_NAME}: {shown} must be a table, not {_kind(value)}")
+    return value
+
+
+def _string(table: dict, key: str, where: str) -> str:
+    value = _require(table, key, where)
+    if not isinstance(value, str):
+        raise LockError(f"{LOCK_NAME}: '{key}' in [{where}] must be a string, not {_kind(value)}")
+    return value
+
+
+def _kind(value: object) -> str:
+    """How TOML calls what was given instead (the user wrote TOML, not Python)."""
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "a date or time"
+
+
 def _artifact(table: dict, where: str) -> Artifact:
-    filename = str(_require(table, "filename", where))
-    sha256 = str(_require(table, "sha256", where))
+    filename = _string(table, "filename", where)
+    sha256 = _string(table, "sha256", where)
     if not SHA256_RE.match(sha256):
         raise LockError(f"{LOCK_NAME}: [{where}] sha256 is not 64 lowercase hex digits: {sha256!r}")
     return Artifact(filename, sha256)
+
+
+def _project(value: str) -> str:
+    """The project names a file in the cache: only a supported distribution's plain name may."""
+    if value not in SUPPORTED_PROJECTS:
+        raise LockError(
+            f"{LOCK_NAME}: [upstream] project {value!r} is not a supported distribution "
+            f"(supported: {', '.join(SUPPORTED_PROJECTS)})"
+        )
+    return value
+
+
+# PEP 440's canonical form (what ``str(packaging.version.Version(v))`` gives): no leading zeros, no
+# "v", no separators but its own, lowercase. A regular expression, not packaging: a run that
+# changes nothing parses the lock and must not import packaging for it.
+CANONICAL_VERSION_RE = re.compile(
+    r"^(?:[1-9]\d*!)?(?:0|[1-9]\d*)(?:\.(?:0|[1-9]\d*))*(?:(?:a|b|rc)(?:0|[1-9]\d*))?"
+    r"(?:\.post(?:0|[1-9]\d*))?(?:\.dev(?:0|[1-9]\d*))?(?:\+[a-z0-9]+(?:\.[a-z0-9]+)*)?$"
+)
+
+
+def _version(value: str) -> str:
+    """The version names a cache file and a git tag: it must be exactly its canonical form."""
+    if CANONICAL_VERSION_RE.match(value):
+        return value
+    from packaging.version import InvalidVersion, Version  # only to say what to write instead
+
+    try:
+        canonical: str | None = str(Version(value))
+    except InvalidVersion:
+        canonical = None
+    hint = f" (write {canonical!r})" if canonical and canonical != value else ""
+    raise LockError(f"{LOCK_NAME}: [upstream] version {value!r} is not a canonical version number{hint}")
+
+
+# A wheel's file name: NAME-VERSION(-BUILD)?-PYTHON-ABI-PLATFORM.whl, each part without a separator.
+WHEEL_TAIL_RE = re.compile(r"^(?:[0-9][A-Za-z0-9_.]*-)?[A-Za-z0-9_.]+-[A-Za-z0-9_.]+-[A-Za-z0-9_.]+\.whl$")
+
+
+def _wheel(arch: str, artifact: Artifact, project: str, version: str) -> Artifact:
+    """A wheel's filename must be one wheel of the locked release, nothing that reads as a path."""
+    where = f"[artifacts.wheel-{arch}]"
+    name = artifact.filename
+    prefix = f"{project.replace('-', '_')}-{version}-"
+    plain = name.endswith(".whl") and not any(c in name for c in "/\\\0")
+    if not plain or (name.startswith(prefix) and not WHEEL_TAIL_RE.match(name.removeprefix(prefix))):
+        raise LockError(f"{LOCK_NAME}: {where} filename {name!r} is not a wheel's file name")
+    if not name.startswith(prefix):
+        raise LockError(f"{LOCK_NAME}: {where} {name} is not a wheel of {project} {version}")
+    return artifact
 
 
 # Every key the lock may hold; anything else is a typo that would otherwise be silently ignored.
@@ -87,37 +172,54 @@ def _refuse_unknown_keys(data: dict) -> None:
         raise LockError(f"{LOCK_NAME}: unknown key " + ", ".join(unknown) + " (misspelt?)")
 
 
+def _pins(data: dict) -> dict[str, str]:
+    pins = data.get("pins", {})
+    if not isinstance(pins, dict):
+        raise LockError(f"{LOCK_NAME}: [pins] must be a table, not {_kind(pins)}")
+    for name, value in pins.items():
+        if not isinstance(value, str):
+            raise LockError(f"{LOCK_NAME}: pin '{name}' in [pins] must be a version string, not {_kind(value)}")
+    return dict(pins)
+
+
 def parse(text: str, path: Path | None = None) -> Lock:
-    """Parse and validate the lock's TOML text."""
+    """Parse and validate the lock's TOML text: every key's type, and every value that names a file."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise LockError(f"{LOCK_NAME}: not valid TOML: {exc}") from exc
-    upstream = _require(data, "upstream", "top level")
-    artifacts = _require(data, "artifacts", "top level")
-    base = _require(data, "base-image", "top level")
+    upstream = _table(data, "upstream", "top level")
+    artifacts = _table(data, "artifacts", "top level")
+    base = _table(data, "base-image", "top level")
     _refuse_unknown_keys(data)
-    sdist = _artifact(_require(artifacts, "sdist", "artifacts"), "artifacts.sdist")
+    project = _project(_string(upstream, "project", "upstream"))
+    version = _version(_string(upstream, "version", "upstream"))
+    commit = _string(upstream, "commit", "upstream")
+    sdist = _artifact(_table(artifacts, "sdist", "artifacts"), "artifacts.sdist")
+    if sdist.filename != f"{project}-{version}.tar.gz":
+        raise LockError(f"{LOCK_NAME}: sdist {sdist.filename} does not match version {version}")
     wheels = {
-        name.removeprefix("wheel-"): _artifact(table, f"artifacts.{name}")
-        for name, table in sorted(artifacts.items())
+        name.removeprefix("wheel-"): _wheel(
+            name.removeprefix("wheel-"),
+            _artifact(_table(artifacts, name, "artifacts"), f"artifacts.{name}"),
+            project,
+            version,
+        )
+        for name in sorted(artifacts)
         if name.startswith("wheel-")
     }
-    digest = str(base.get("digest", ""))
+    digest = _string(base, "digest", "base-image") if "digest" in base else ""
     if not DIGEST_RE.match(digest):
         raise LockError(f"{LOCK_NAME}: [base-image] digest must be empty or sha256:<64 hex>: {digest!r}")
-    version = str(_require(upstream, "version", "upstream"))
-    if sdist.filename != f"{upstream.get('project', 'vllm')}-{version}.tar.gz":
-        raise LockError(f"{LOCK_NAME}: sdist {sdist.filename} does not match version {version}")
     return Lock(
-        project=str(_require(upstream, "project", "upstream")),
+        project=project,
         version=version,
-        commit=str(_require(upstream, "commit", "upstream")),
+        commit=commit,
         sdist=sdist,
         wheels=wheels,
-        base_image=str(_require(base, "name", "base-image")),
+        base_image=_string(base, "name", "base-image"),
         base_digest=digest,
-        pins={str(k): str(v) for k, v in data.get("pins", {}).items()},
+        pins=_pins(data),
         path=path,
     )
 

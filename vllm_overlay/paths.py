@@ -23,9 +23,35 @@ def _path_problem(name: str) -> str | None:
     if any(part in (".", "") for part in name.split("/")):
         # git applies 'vllm/./core.py' to nothing it can find: say so instead of reporting a conflict
         return f"path with a '.' or empty component {name!r} (write it as {path.as_posix()!r})"
-    if path.parts[:1] == (".git",) or ".git" in path.parts:
-        return f"path inside .git {name!r}"
+    if any(_names_git_dir(part) for part in path.parts):
+        return f"path inside .git {name!r} (or a name a file system reads as .git)"
     return None
+
+
+# Code points HFS+ ignores in a name (git's is_hfs_dotgit): ".g\u200cit" is ".git" there.
+_HFS_IGNORED = {*range(0x200C, 0x2010), *range(0x202A, 0x202F), *range(0x206A, 0x2070), 0xFEFF}
+
+
+def _names_git_dir(part: str) -> bool:
+    """True where some file system opens ``part`` as ``.git``: any case (``.GIT`` on a case-insensitive
+    one), with trailing dots or blanks (NTFS drops them), its 8.3 short name ``git~1``, or with code
+    points HFS+ ignores. git itself refuses these names in a tree it checks out; a patch is refused
+    before it gets that far."""
+    folded = "".join(c for c in part if ord(c) not in _HFS_IGNORED).lower()
+    return folded.rstrip(". ") == ".git" or folded == "git~1"
+
+
+def attribute_files(patch: Patch) -> list[str]:
+    """The ``.gitattributes`` files (any case) a patch writes: they would steer how git converts,
+    diffs and merges the tree's files, so the series may not carry one (``export`` refuses it too)."""
+    return sorted(
+        {
+            name
+            for patched in patch.diff
+            for name in written_paths(patched)
+            if PurePosixPath(name).name.lower() == ".gitattributes"
+        }
+    )
 
 
 def _symlink_on_the_way(tree: Path, name: str) -> str | None:

@@ -17,7 +17,10 @@ of the patches/ it was carried from. Nothing under cpu/ is written before that.
 
 Working directories (build/carry-cpu): ``project`` (the scratch copy), ``bump`` (the bump
 repository; recorded resolutions in ``bump-rr-cache`` beside it), ``previous`` (the carry being
-replaced, applied), ``source.json`` (the digests of patches/ when the carry started).
+replaced, applied), ``source.json`` (the digests of patches/ when the carry started). A carry is in
+progress while ``source.json`` is there beside a bump repository: it goes once cpu/ is written, so a
+finished carry leaves nothing in progress (the bump repository stays to look at; the next carry
+replaces it).
 """
 
 from __future__ import annotations
@@ -225,7 +228,7 @@ def start(root: Path, store: Store) -> Outcome:
     """Set up the scratch project and the earlier carry, start bump's git am, resolve what it can."""
     paths = Paths(root)
     proj = carry.CarryProject(root)
-    if paths.repo.exists() and bump.made_by_bump(paths.repo):
+    if in_progress(paths):
         raise RecarryError(f"a carry is in progress in {paths.repo}: --continue it, or --abort")
     cpu_lock = lock.load(proj.lock_file)
     for stale in (paths.scratch, paths.previous):
@@ -254,10 +257,15 @@ def start(root: Path, store: Store) -> Outcome:
     return finish(root, store, outcome)
 
 
+def in_progress(paths: Paths) -> bool:
+    """A carry was started and has not finished (nor been aborted)."""
+    return paths.source.is_file() and bump.made_by_bump(paths.repo)
+
+
 def resume(root: Path, store: Store) -> Outcome:
     """After a person resolved the stopped patch (``git add``): go on, then finish."""
     paths = Paths(root)
-    if not paths.source.is_file() or not bump.made_by_bump(paths.repo):
+    if not in_progress(paths):
         raise RecarryError(f"{paths.repo}: no carry in progress (start one with scripts/carry-cpu)")
     outcome = Outcome()
     _drive(paths, outcome, resolved=True)
@@ -314,6 +322,7 @@ def finish(root: Path, store: Store, outcome: Outcome) -> Outcome:
     if not where.is_file() or where.read_text(encoding="utf-8") != text:
         atomicfile.write_bytes(where, text.encode("utf-8"))
         outcome.written.append(f"{carry.CARRY_DIR}/{carry.CARRIED_FROM}")
+    paths.source.unlink()  # finished: nothing is in progress now (in_progress)
     return outcome
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import unicodedata
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -174,10 +175,51 @@ def read_series(patches_dir: Path) -> list[SeriesEntry]:
         outside = _outside_patches(words[0])
         if outside:
             raise SeriesError(f"{path}:{number}: {words[0]!r} is outside patches/ ({outside})")
+        unclear = name_problem(words[0])
+        if unclear:
+            raise SeriesError(f"{path}:{number}: {unclear}")
         # One spelling per file: ``./NAME`` and ``dir//NAME`` are ``NAME`` and ``dir/NAME``, so a
         # patch listed twice under two spellings is a duplicate, not two patches.
         entries.append(SeriesEntry(PurePosixPath(words[0]).as_posix(), number))
     return entries
+
+
+# Characters that print as nothing or steer how the rest prints: format (zero-width space, RTL and
+# LTR marks and overrides), control, private-use, unassigned, and every separator but the space.
+_UNSEEN_CATEGORIES = {"Cc", "Cf", "Co", "Cs", "Cn", "Zl", "Zp"}
+
+
+def _unseen(char: str) -> bool:
+    category = unicodedata.category(char)
+    return category in _UNSEEN_CATEGORIES or (category == "Zs" and char != " ")
+
+
+def shown(name: str) -> str:
+    """``name`` as a message shows it: plain where it prints as itself, else escaped (``ascii``), so a
+    name with a zero-width space or decomposed accents never looks identical to another one."""
+    if any(_unseen(char) for char in name) or unicodedata.normalize("NFC", name) != name:
+        return ascii(name)
+    return name
+
+
+def name_problem(name: str) -> str | None:
+    """Why a patch's name cannot be told from another one by reading it (None: it can).
+
+    A series entry and a file name must hold no invisible character and be in NFC form: names are
+    compared byte for byte, so an NFD ``café.patch`` or one with a zero-width space is another file
+    than the one that looks the same, and every message would name a file that seems to exist.
+    """
+    for char in name:
+        if _unseen(char):
+            what = unicodedata.name(char, "unnamed")
+            return f"{shown(name)} holds U+{ord(char):04X} ({what}), which does not show: write the name without it"
+    composed = unicodedata.normalize("NFC", name)
+    if composed != name:
+        return (
+            f"{shown(name)} is not in Unicode NFC form (an accent is a character of its own): "
+            f"write it as {composed!r}, and name the file so"
+        )
+    return None
 
 
 def _outside_patches(entry: str) -> str | None:
@@ -402,13 +444,13 @@ def read_patch(patches_dir: Path, name: str) -> bytes:
     if outside is None and path.exists() and not path.resolve().is_relative_to(patches_dir.resolve()):
         outside = "a symlink that leads out of patches/"
     if outside:
-        raise SeriesError(f"{name}: outside patches/ ({outside})")
+        raise SeriesError(f"{shown(name)}: outside patches/ ({outside})")
     try:
         raw = path.read_bytes()
     except FileNotFoundError as exc:
-        raise SeriesError(f"{name}: listed in series but the file does not exist") from exc
+        raise SeriesError(f"{shown(name)}: listed in series but the file does not exist") from exc
     except OSError as exc:
-        raise SeriesError(f"{name}: cannot be read: {exc.strerror}") from exc
+        raise SeriesError(f"{shown(name)}: cannot be read: {exc.strerror}") from exc
     return raw
 
 
@@ -445,8 +487,32 @@ def _listed_names(patches_dir: Path, allow_empty: bool) -> list[str]:
         raise SeriesError(f"{patches_dir / SERIES_FILE}: series is empty: it lists no patch")
     duplicates = [name for name, count in Counter(e.path for e in entries).items() if count > 1]
     if duplicates:
-        raise SeriesError(f"listed more than once in series: {', '.join(duplicates)}")
+        raise SeriesError(f"listed more than once in series: {', '.join(shown(name) for name in duplicates)}")
+    same = same_files(patches_dir, [entry.path for entry in entries])
+    if same:
+        raise SeriesError(same[0])
     return [entry.path for entry in entries]
+
+
+def same_files(patches_dir: Path, names: list[str]) -> list[str]:
+    """One line for each listed name that is the same file as an earlier one (a symlink, a hard link):
+    applied twice, its second listing would reverse-apply and pass for "already-upstream"."""
+    first: dict[tuple[int, int], str] = {}
+    found = []
+    for name in dict.fromkeys(names):
+        try:
+            stat = (patches_dir / name).stat()
+        except OSError:
+            continue  # missing or unreadable: said where it is read
+        key = (stat.st_dev, stat.st_ino)
+        if key in first:
+            found.append(
+                f"{shown(name)}: the same file as {shown(first[key])}, listed before it in series "
+                "(a link): the patch would be applied twice"
+            )
+        else:
+            first[key] = name
+    return found
 
 
 def series_names(patches: list[Patch]) -> list[str]:

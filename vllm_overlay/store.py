@@ -14,6 +14,9 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+from vllm_overlay import output
+from vllm_overlay.errors import InputError
+
 UNPACK_PREFIX = ".unpack-"  # sdists being unpacked for import
 
 
@@ -26,13 +29,35 @@ def default_root() -> Path:
     return Path(xdg) / "vllm-overlay"
 
 
+class OutsideCacheError(InputError, ValueError):
+    """A name that would make a cache path lead out of the cache (``..``, a separator, a symlink)."""
+
+
+class CacheBusy(InputError, RuntimeError):
+    """Another run holds one of the cache's locks, and this run was asked not to wait (--no-wait)."""
+
+
 class Store:
-    def __init__(self, root: Path | None = None) -> None:
+    def __init__(self, root: Path | None = None, *, wait: bool = True) -> None:
+        """``wait=False``: a lock another run holds is an error (``CacheBusy``), never a silent wait."""
         self.root = (root or default_root()).resolve()
+        self.wait = wait
 
     @property
     def downloads(self) -> Path:
         return self.root / "downloads"
+
+    def download(self, filename: str) -> Path:
+        """``downloads/<filename>``, refused unless it is a plain name that stays inside the cache.
+
+        Every name comes from a lock or an index page; a ``..`` or a separator in one would read an
+        archive elsewhere and write its ``.imported``/``.sha256`` records beside it.
+        """
+        plain = filename and filename not in (".", "..") and not any(c in filename for c in "/\\\0")
+        path = self.downloads / filename
+        if not plain or not path.resolve().is_relative_to(self.downloads.resolve()):
+            raise OutsideCacheError(f"{filename!r} is not a plain file name inside the cache's downloads")
+        return path
 
     @property
     def upstreams_git(self) -> Path:
@@ -45,14 +70,33 @@ class Store:
 
     @contextlib.contextmanager
     def exclusive(self, name: str = ".lock") -> Iterator[None]:
-        """Hold the store's lock, or another named one (blocks until another process releases it)."""
+        """Hold the store's lock, or another named one.
+
+        Held by another run: with ``wait`` this says once, on stderr, whose run it waits for (a wait
+        of minutes while a test environment is built must not look like a hang); without it, raise
+        ``CacheBusy`` at once. The holder's pid is written into the lock file for that line.
+        """
         self.root.mkdir(parents=True, exist_ok=True)
-        with open(self.root / name, "a+") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
+        path = self.root / name
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        try:
             try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                text = os.pread(fd, 32, 0).decode("ascii", errors="replace").strip()
+                who = f"pid {text}" if text.isdigit() else "another process"
+                if not self.wait:
+                    raise CacheBusy(
+                        f"the cache {self.root} is in use by {who} (its lock {path.name}); "
+                        "try again when that run is done (--no-wait gave up instead of waiting)"
+                    ) from None
+                output.info(f"waiting for {who}, which holds the cache's lock {path} (--no-wait to give up instead)")
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
 
     def remove_leftovers(self) -> list[Path]:
         """Delete what killed runs left: partial downloads, half-unpacked sdists, git lock files of the

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vllm_overlay import atomicfile, indexes, objects, output
+from vllm_overlay import atomicfile, gitenv, indexes, objects, output, transfer
 from vllm_overlay.errors import InputError
 from vllm_overlay.store import UNPACK_PREFIX, Store
 
@@ -181,10 +181,11 @@ def download(url: str, dest: Path, sha256: str, size: int | None = None) -> Path
     digest = hashlib.sha256()
     received = 0
     try:
+        seconds = transfer.deadline_seconds(transfer.FILE_DEADLINE_S)
         with os.fdopen(fd, "wb") as handle, urllib.request.urlopen(url, timeout=120) as response:
             total = int(response.headers.get("Content-Length") or 0) or size
             with tqdm(total=total, unit="B", unit_scale=True, desc=f"download {dest.name}", leave=False) as bar:
-                for block in iter(lambda: response.read(1 << 20), b""):
+                for block in transfer.blocks(response, seconds, f"the download of {dest.name}"):
                     handle.write(block)
                     digest.update(block)
                     received += len(block)
@@ -263,8 +264,11 @@ def _store_repo(store: Store) -> git.Repo:
 
     if not (store.upstreams_git / "HEAD").exists():
         store.upstreams_git.parent.mkdir(parents=True, exist_ok=True)
-        return git.Repo.init(store.upstreams_git, bare=True)
-    return git.Repo(store.upstreams_git)
+        repo = git.Repo.init(store.upstreams_git, bare=True)
+    else:
+        repo = git.Repo(store.upstreams_git)
+    gitenv.attributes_off(store.upstreams_git)  # an imported tree's .gitattributes converts nothing
+    return repo
 
 
 def _store_git_dir(store: Store) -> Path:
@@ -272,6 +276,7 @@ def _store_git_dir(store: Store) -> Path:
     imported reads it by plain git processes: GitPython is imported only to import one."""
     if not (store.upstreams_git / "HEAD").exists():
         _store_repo(store)
+    gitenv.attributes_off(store.upstreams_git)
     return store.upstreams_git
 
 
@@ -443,7 +448,7 @@ def _obtain_release(store: Store, lock: Lock, version: str, locked: bool) -> Ups
     project = lock.project
     tag = f"upstream/{version}"
     filename = f"{project}-{version}.tar.gz"
-    archive = store.downloads / filename
+    archive = store.download(filename)
     if locked:
         sha256 = lock.sdist.sha256
         url: str | None = None
@@ -452,24 +457,26 @@ def _obtain_release(store: Store, lock: Lock, version: str, locked: bool) -> Ups
         sha256 = entry.sha256 if entry else _cached_sha(store, filename)
         url = entry.url if entry else None
     git_dir = _store_git_dir(store)
-    marker = store.downloads / f"{filename}.imported"
+    marker = store.download(f"{filename}.imported")
     record = objects.ImportRecord.read(marker)
     if record is None or record.sha256 != sha256 or _tag_commit(git_dir, tag) != record.commit:
-        if not archive.exists() or sha256_file(archive) != sha256:
-            if url is None:
-                entry = sdist_of(project, version)
-                if locked and entry.sha256 != sha256:
+        failed_check = archive.exists() and sha256_file(archive) != sha256
+        if failed_check or not archive.exists():
+            if failed_check:  # said first: whatever fetching it again says after is about the index
+                output.warn(f"the cached {archive} does not match its sha256 {sha256}: fetching it again")
+            try:
+                url = _fetch_release(project, version, archive, sha256, url, locked)
+            except SourceError as exc:
+                if failed_check:
                     raise SourceError(
-                        f"the index's sha256 for {filename} ({entry.sha256}) differs from upstream.lock ({sha256})"
-                    )
-                url = entry.url
-            output.info(f"downloading {filename}")
-            download(url, archive, sha256)
-            (store.downloads / f"{filename}.url").write_text(output.redact_credentials(url) + "\n")
+                        f"the cached {archive} failed its sha256 check (expected {sha256}), and fetching it "
+                        f"again failed: {exc}"
+                    ) from exc
+                raise
         output.info(f"importing {filename} into the upstream cache")
         record = _import_release_archive(store, archive, tag, sha256)
         record.write(marker)
-        (store.downloads / f"{filename}.sha256").write_text(sha256 + "\n")
+        store.download(f"{filename}.sha256").write_text(sha256 + "\n")
     else:
         before = record.fingerprint
         # Every run: the cache still holds what was imported (the tag was just seen naming it).
@@ -481,7 +488,7 @@ def _obtain_release(store: Store, lock: Lock, version: str, locked: bool) -> Ups
     release_commit = version_field(version_file, COMMIT_ID_RE)
     if locked:
         check_provenance(lock, version_field(version_file, VERSION_RE_IN_FILE), release_commit)
-    recorded_url = store.downloads / f"{filename}.url"
+    recorded_url = store.download(f"{filename}.url")
     if url is None and recorded_url.is_file():  # cached: say where it was downloaded from
         url = recorded_url.read_text().strip()
     return Upstream(
@@ -496,6 +503,22 @@ def _obtain_release(store: Store, lock: Lock, version: str, locked: bool) -> Ups
     )
 
 
+def _fetch_release(project: str, version: str, archive: Path, sha256: str, url: str | None, locked: bool) -> str:
+    """Download the release's sdist to ``archive`` (verified against ``sha256``); returns its URL."""
+    filename = archive.name
+    if url is None:
+        entry = sdist_of(project, version)
+        if locked and entry.sha256 != sha256:
+            raise SourceError(
+                f"the index's sha256 for {filename} ({entry.sha256}) differs from upstream.lock ({sha256})"
+            )
+        url = entry.url
+    output.info(f"downloading {filename}")
+    download(url, archive, sha256)
+    archive.with_name(f"{filename}.url").write_text(output.redact_credentials(url) + "\n")
+    return url
+
+
 def imported_locked(lock: Lock, store: Store) -> dict[str, object] | None:
     """The locked upstream as its last verified import describes it (``Upstream.to_json()`` without
     ``release_commit``), read from the records beside the download, not from the store's objects.
@@ -507,8 +530,8 @@ def imported_locked(lock: Lock, store: Store) -> dict[str, object] | None:
     imported yet, imported for another sha256, or without a recorded origin (obtain then decides).
     """
     filename = f"{lock.project}-{lock.version}.tar.gz"
-    record = objects.ImportRecord.read(store.downloads / f"{filename}.imported")
-    origin = store.downloads / f"{filename}.url"
+    record = objects.ImportRecord.read(store.download(f"{filename}.imported"))
+    origin = store.download(f"{filename}.url")
     if record is None or record.sha256 != lock.sdist.sha256 or not origin.is_file():
         return None
     return {
@@ -523,7 +546,7 @@ def imported_locked(lock: Lock, store: Store) -> dict[str, object] | None:
 
 
 def _cached_sha(store: Store, filename: str) -> str:
-    recorded = store.downloads / f"{filename}.sha256"
+    recorded = store.download(f"{filename}.sha256")
     if recorded.exists():
         return recorded.read_text().strip()
     raise SourceError(f"no recorded sha256 for cached {filename}; delete it from {store.downloads}")
@@ -623,6 +646,7 @@ def clone_at(
     # hardlinking objects where it can and copying them where it cannot.
     patched_repo.git(dest.parent, "clone", "--quiet", "--no-checkout", "--", str(store.upstreams_git), str(dest))
     shutil.rmtree(dest / ".git" / "hooks", ignore_errors=True)
+    gitenv.attributes_off(dest / ".git")  # the working tree is the committed tree, byte for byte
     if add_objects is not None:
         add_objects(dest / ".git")
     if only:

@@ -465,6 +465,7 @@ def lock_text_for(archive: Path, version: str, commit: str) -> str:
     """The project's upstream.lock, saying ``archive`` is release ``version`` at ``commit``."""
     text = (REPO_ROOT / "upstream.lock").read_text()
     text = text.replace('version = "0.33.0"', f'version = "{version}"').replace("vllm-0.33.0.tar.gz", archive.name)
+    text = text.replace("vllm-0.33.0-cp38", f"vllm-{version}-cp38")  # the wheels of that release (lock.parse checks)
     text = text.replace('commit = "g4ba787ec9"', f'commit = "{commit}"')
     digest = hashlib.sha256(archive.read_bytes()).hexdigest()
     return re.sub(r'(\[artifacts\.sdist\]\nfilename = "[^"]+"\nsha256 = ")[0-9a-f]{64}', rf"\g<1>{digest}", text)

@@ -249,3 +249,28 @@ def test_output_file_system_full_keeps_the_previous_tree(built, project, upstrea
     filler.unlink()
     assert snapshot(target) == before
     assert git.Repo(target).git.fsck("--no-progress") == ""
+
+
+@pytest.mark.parametrize("left", [65536, 200_000])
+def test_a_git_step_that_runs_out_of_space_says_the_disk_is_full(
+    built, project, upstream_dir, small_tmpfs, capsys, left
+):
+    """Issue 51 item 12: git's own words ("failed to write new configuration file .../config.lock",
+    "could not write to ...") were all a full disk got. With this much left, the clone or git am runs
+    out of space part way (which one depends on ``left``)."""
+    target = small_tmpfs / "patched"
+    assert run_apply(project, upstream_dir, "--output", str(target))[0] == 0
+    before = snapshot(target)
+    with open(small_tmpfs / "filler", "wb") as handle:
+        free = os.statvfs(small_tmpfs).f_bavail * os.statvfs(small_tmpfs).f_frsize
+        handle.write(b"\0" * max(free - left, 0))
+    capsys.readouterr()
+    code, _report = run_apply(project, upstream_dir, "--output", str(target), "--discard-unexported", "--rebuild")
+    said = capsys.readouterr().err
+    err = said.split("\nerror: ", 1)[-1]
+    assert code == 2 and err.count("\n") == 1, said  # the error is one line, and the last
+    err = "error: " + err.rstrip("\n")
+    assert err.startswith(f"error: cannot write beside {target}: the file system holding {small_tmpfs} is full ("), err
+    assert err.endswith(f"; {target} unchanged"), err
+    (small_tmpfs / "filler").unlink()
+    assert snapshot(target) == before

@@ -80,7 +80,11 @@ def command(project, conflicting, monkeypatch):
     the_lock = lock.load(project / "upstream.lock")
     release = dataclasses.replace(new_up, kind="release", version="0.34.0")
     monkeypatch.setattr(upstream_trees, "obtain", lambda spec, lk, st: old_up if spec is None else release)
-    relocked = dataclasses.replace(the_lock, version="0.34.0", sdist=lock.Artifact("vllm-0.34.0.tar.gz", "d" * 64))
+    wheels = {
+        arch: lock.Artifact(w.filename.replace("0.33.0", "0.34.0"), "e" * 64) for arch, w in the_lock.wheels.items()
+    }
+    sdist = lock.Artifact("vllm-0.34.0.tar.gz", "d" * 64)
+    relocked = dataclasses.replace(the_lock, version="0.34.0", sdist=sdist, wheels=wheels)  # a lock of one release
     monkeypatch.setattr(bump, "new_lock", lambda old, upstream, st: relocked)
     tests_pass = {"value": True}
 

@@ -297,3 +297,27 @@ def test_sigterm_during_export_leaves_nothing_half_written(project, make_patch, 
     changed = {name for name in after if after[name] != before.get(name)}
     assert len(changed) == 2, changed  # both patch files: all of the new series, not one of them
     assert cli.main(["export-patches", "--allow-other-upstream", "--project", str(project), "--check"]) == 0
+
+
+@pytest.mark.parametrize(
+    ("env_name", "signal_name"), [("VLLM_OVERLAY_INT_AT", "SIGINT"), ("VLLM_OVERLAY_TERM_AT", "SIGTERM")]
+)
+def test_a_signal_before_the_write_says_in_one_line_that_patches_is_unchanged(
+    project, make_patch, upstream_dir, store_env, env_name, signal_name
+):
+    """Issue 51 item 4: Ctrl-C gave a KeyboardInterrupt traceback, SIGTERM ended the run with no line."""
+    from tests.tool.helpers import Forked
+
+    make_patch(upstream_dir, change_line_20, "core: change line 20")
+    assert run_apply(project, upstream_dir)[0] == 0
+    tree = project / "build" / "patched"
+    replace_line(tree / "vllm" / "core.py", "line_20 = 200\n", "line_20 = 2000\n")
+    with git.Repo(tree).git.custom_environment(**IDENTITY):
+        git.Repo(tree).git.commit("-aq", "--amend", "--no-edit")  # an export would change the patch file
+    before = snapshot(project / "patches")
+    process = Forked(
+        ["export-patches", "--allow-other-upstream", "--project", str(project)], env={env_name: "export-read"}
+    )
+    code, err = process.wait()
+    assert (code, err) == (130, "error: interrupted; patches/ unchanged\n"), (signal_name, code, err)
+    assert snapshot(project / "patches") == before

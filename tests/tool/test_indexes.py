@@ -22,7 +22,7 @@ from vllm_overlay.store import Store
 @pytest.fixture(autouse=True)
 def isolated_pip(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Nothing of this machine's pip configuration leaks in: only what each test sets."""
-    for name in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_NO_INDEX", indexes.ENV_VAR):
+    for name in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_NO_INDEX", "PIP_FIND_LINKS", indexes.ENV_VAR):
         monkeypatch.delenv(name, raising=False)
     config = tmp_path / "pip.conf"
     config.write_text("")
@@ -240,3 +240,42 @@ def test_an_unreachable_main_index_is_named_when_an_extra_index_has_nothing(monk
     assert "lists no files for vllm 9.9.7 (and could not read: cannot read the package index at http://127.0.0.1:9" in (
         str(raised.value)
     )
+
+
+def test_the_install_section_is_read_as_pip_install_reads_it(tmp_path):
+    """Issue 51 item 7: an [install] index-url mirror was ignored (the tool read [download], pip download's)."""
+    (tmp_path / "pip.conf").write_text(
+        "[global]\nindex-url = http://127.0.0.1:9/global\n[install]\nindex-url = http://127.0.0.1:9/mirror\n"
+        "[download]\nindex-url = http://127.0.0.1:9/download-only\n"
+    )
+    assert indexes.configured() == ["http://127.0.0.1:9/mirror"]
+
+
+def test_no_index_reads_no_index_not_even_an_extra_one(tmp_path, store_env):
+    """Issue 51 item 7: ``no-index = true`` with an extra index used the extra one."""
+    (tmp_path / "pip.conf").write_text("[global]\nno-index = true\nextra-index-url = http://127.0.0.1:9/extra\n")
+    assert indexes.configured() == []
+    with pytest.raises(upstream_trees.SourceError, match="no package index to read: pip install's configuration"):
+        upstream_trees.sdist_of("vllm", "9.9.8")
+
+
+def test_find_links_is_honoured(tmp_path, store_env):
+    """Issue 51 item 7: a wheelhouse named by find-links (with no-index, as an offline machine sets it)."""
+    archive = release_archive(tmp_path, "9.9.8")
+    wheelhouse = tmp_path / "wheelhouse"
+    wheelhouse.mkdir()
+    (wheelhouse / archive.name).write_bytes(archive.read_bytes())
+    (wheelhouse / "torch-2.14.0.tar.gz").write_bytes(b"another project: not read")
+    (tmp_path / "pip.conf").write_text(f"[install]\nno-index = true\nfind-links = {wheelhouse}\n")
+    entry = upstream_trees.sdist_of("vllm", "9.9.8")
+    assert entry.sha256 == hashlib.sha256(archive.read_bytes()).hexdigest()
+    assert entry.url == (wheelhouse / archive.name).as_uri()
+    upstream = upstream_trees.obtain("9.9.8", lock.load(REPO_ROOT / "upstream.lock"), Store())
+    assert upstream.kind == "release" and upstream.sha256 == entry.sha256
+
+
+def test_help_says_which_pip_configuration_is_read(capsys):
+    from tests.tool.helpers import verb_help
+
+    text = " ".join(verb_help("apply-patches", capsys).split())
+    assert "pip install's configuration" in text and "[install] section over [global]" in text

@@ -82,7 +82,7 @@ def test_bracketed_subject_is_reported(project, make_patch, upstream_dir):
         "tests/tool/test_lint.py",
     ],
 )
-def test_tests_entries_stay_inside_their_series_folder(project, make_patch, upstream_dir, capsys, entry):
+def test_tests_entries_stay_inside_their_series_folder(project, make_patch, upstream_dir, capsys, entry, store_env):
     """Tests: is data from a patch file: lint and test-patches refuse paths outside tests/patches/<series>/."""
     path = make_patch(upstream_dir, change_line_20, "core: change line 20")
     outside = project.parent / "outside"
@@ -96,6 +96,7 @@ def test_tests_entries_stay_inside_their_series_folder(project, make_patch, upst
     )
     assert cli.main(["test-patches", "--project", str(project), "--env", str(project / "no-env")]) == 2
     assert "which is not inside tests/patches/demo/" in capsys.readouterr().err
+    assert not (store_env / "downloads").exists()  # refused before the upstream was fetched
 
 
 def test_tests_entry_through_a_symlink_out_of_its_folder(project, make_patch, upstream_dir, tmp_path):
@@ -230,3 +231,35 @@ def test_a_folded_forwarded_value_is_read_as_git_unfolds_it(project, make_patch,
         path.read_text().replace(FORWARDED, "Forwarded: no (reason: not filed\n yet; drop when: upstream\n checks it)")
     )
     assert problems(project) == []
+
+
+def test_a_case_variant_of_git_and_a_gitattributes_file_are_flagged(project, make_patch, upstream_dir):
+    """Issue 51 items 10 and 13."""
+    path = make_patch(upstream_dir, change_line_20, "core: change line 20")
+    text = path.read_text()
+    path.write_text(text.replace("vllm/core.py", ".GIT/config"))
+    assert any("path inside .git '.GIT/config'" in p for p in problems(project)), problems(project)
+    path.write_text(text.replace("vllm/core.py", "vllm/.gitattributes"))
+    assert any(
+        "writes vllm/.gitattributes, which steers how git converts, diffs and merges files" in p
+        for p in problems(project)
+    ), problems(project)
+
+
+def test_lint_into_a_closed_pipe_ends_quietly(project, make_patch, upstream_dir):
+    """Issue 51 item 4: ``lint-patches | head -1`` died with a BrokenPipeError traceback."""
+    import subprocess
+    import sys
+
+    from tests.tool.helpers import REPO_ROOT
+
+    make_patch(upstream_dir, change_line_20, "core: change line 20")
+    for number in range(3000):  # more problem lines than a pipe holds: the writer is still writing
+        (project / "patches" / "demo" / f"stray-{number:04}.patch").write_text("")
+    argv = [sys.executable, "-m", "vllm_overlay.cli", "lint-patches", "--project", str(project)]
+    process = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert process.stdout.readline()  # what `head -1` reads; then it exits
+    process.stdout.close()
+    err = process.stderr.read().decode()
+    assert process.wait(timeout=60) == 141, err  # as a command SIGPIPE killed
+    assert "Traceback" not in err and "BrokenPipe" not in err, err

@@ -130,3 +130,59 @@ def test_a_commit_message_git_am_would_read_otherwise_is_not_exported(
     assert cli.main(["export-patches", "--allow-other-upstream", "--project", str(project)]) == 2
     assert why in capsys.readouterr().err
     assert snapshot(project / "patches") == before
+
+
+NEW_FILE_PATCH = """From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001
+From: test <test@example.invalid>
+Date: Sun, 29 Nov 2026 00:00:00 +0000
+Subject: [PATCH] add a file
+
+Why.
+
+Series: demo
+---
+diff --git a/{name} b/{name}
+new file mode 100644
+index 0000000..e69de29
+--- /dev/null
++++ b/{name}
+@@ -0,0 +1 @@
++[core]
+"""
+
+
+@pytest.mark.parametrize(
+    "name",
+    [".git/config", ".GIT/config", "vllm/.Git/hooks/x", ".git./config", ".git /config", "GIT~1/config", ".g\u200cit/x"],
+)
+def test_every_name_a_file_system_reads_as_git_is_refused(name):
+    """Issue 51 item 10: on a case-insensitive file system ``.GIT/config`` is ``.git/config``."""
+    patch = series.parse_patch_bytes(NEW_FILE_PATCH.format(name=name).encode(), Path("x"), "demo/x.patch")
+    assert any("inside .git" in problem for problem in paths.problems(patch)), paths.problems(patch)
+
+
+def test_a_name_that_only_looks_like_git_is_accepted():
+    for name in ("vllm/.github/x.yml", "vllm/git/x.py", "vllm/.gitkeep", "vllm/.gitignore"):
+        patch = series.parse_patch_bytes(NEW_FILE_PATCH.format(name=name).encode(), Path("x"), "demo/x.patch")
+        assert paths.problems(patch) == [], name
+
+
+def test_apply_refuses_a_patch_into_a_case_variant_of_git(project, make_patch, upstream_dir, capsys):
+    make_patch(upstream_dir, change_line_20, "core: change line 20")
+    patch_file = next((project / "patches" / "demo").glob("*.patch"))
+    patch_file.write_bytes(NEW_FILE_PATCH.format(name=".GIT/config").encode())
+    before = snapshot(project / "patches")
+    up = str(upstream_dir)
+    code = cli.main(["apply-patches", "--project", str(project), "--upstream", up, "--base-upstream", up])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "refused: path inside .git '.GIT/config'" in err
+    assert not (project / "build" / "patched").exists()
+    assert snapshot(project / "patches") == before
+
+
+def test_lint_flags_a_patch_that_writes_gitattributes():
+    """Issue 51 item 13: attributes steer the tree's conversions; lint says so, as export refuses it."""
+    for name in (".gitattributes", "vllm/.GitAttributes"):
+        patch = series.parse_patch_bytes(NEW_FILE_PATCH.format(name=name).encode(), Path("x"), "demo/x.patch")
+        assert paths.attribute_files(patch) == [name]

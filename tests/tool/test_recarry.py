@@ -7,6 +7,8 @@ and a repository where ``git am`` really stopped at the same patch.
 from __future__ import annotations
 
 import hashlib
+import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -141,3 +143,47 @@ def test_a_name_the_release_does_not_define_is_found_in_the_carried_files(tmp_pa
     (tmp_path / "carried" / "mod.py").write_text("def status():\n    return None\n")
     run_git(tmp_path / "carried", "commit", "-q", "-am", "fixed")
     assert recarry.undefined_names(tmp_path / "carried", base) == []
+
+
+def test_a_finished_carry_leaves_nothing_in_progress(tmp_path, monkeypatch):
+    """Issue 51 item 11: carry-cpu after a finished carry refused with "a carry is in progress"
+    (build/carry-cpu/bump was left behind as if stopped). The real finish runs on a bump repository
+    whose git am went through; only what needs the package index (the release's new lock) and the
+    export of its commits (none here: an empty series) stand in."""
+    from tests.tool.helpers import REPO_ROOT
+    from vllm_overlay import bump, export, lock
+    from vllm_overlay.store import Store
+
+    root = tmp_path / "project"
+    (root / "patches").mkdir(parents=True)
+    (root / "patches" / "series").write_text("")
+    shutil.copy(REPO_ROOT / "upstream.lock", root / "upstream.lock")
+    (root / "cpu" / "patches").mkdir(parents=True)
+    (root / "cpu" / "patches" / "series").write_text("")
+    shutil.copy(REPO_ROOT / "cpu" / "upstream.lock", root / "cpu" / "upstream.lock")  # the carry it replaces
+    paths = recarry.Paths(root)
+    paths.scratch.mkdir(parents=True)
+    shutil.copy(REPO_ROOT / "upstream.lock", paths.scratch / "upstream.lock")
+    repo = _repo(paths.repo, {"a.txt": "one\n"})
+    upstream = dict(kind="release", label="0.32.0", tag="upstream/0.32.0", commit=repo.head.commit.hexsha,
+                    version="0.32.0", release_commit=None, sha256=None, origin="test")  # fmt: skip
+    bump.BumpState("0.32.0", upstream).save(paths.repo)
+    paths.source.write_text(json.dumps({"series_sha256": "", "digests": {}, "recorded": {}}))
+    with pytest.raises(recarry.RecarryError, match="a carry is in progress"):  # started, not finished
+        recarry.start(root, Store())
+    cpu_lock = lock.load(REPO_ROOT / "cpu" / "upstream.lock")
+    monkeypatch.setattr(bump, "new_lock", lambda old, up, store: cpu_lock)
+    monkeypatch.setattr(export, "export_commits", lambda repo_dir: [])
+
+    outcome = recarry.finish(root, Store(), recarry.Outcome())
+    assert outcome.written == ["cpu/patches/series", "cpu/carried-from"]
+
+    class Started(Exception):
+        """The next carry got past its in-progress check: it builds the earlier carry's tree first."""
+
+    def build_tree(*_args, **_kwargs):
+        raise Started
+
+    monkeypatch.setattr(carry, "build_tree", build_tree)
+    with pytest.raises(Started):
+        recarry.start(root, Store())

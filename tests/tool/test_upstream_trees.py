@@ -172,3 +172,106 @@ def test_a_git_upstream_with_a_submodule_is_refused_by_name(tmp_path, store_env)
     the_lock = lock.load(REPO_ROOT / "upstream.lock")
     with pytest.raises(upstream_trees.SourceError, match=r"submodules.* at third_party/sub"):
         upstream_trees.obtain(f"{tmp_path / 'gitsrc'}@{repo.head.commit.hexsha}", the_lock, Store())
+
+
+def test_a_cached_sdist_that_failed_its_check_is_named_before_the_index(store_env, monkeypatch, capsys):
+    """Issue 51 item 8: the cached sdist no longer matched its sha256 and the index was unreachable:
+    the error spoke only of the index."""
+    import socket
+
+    with socket.socket() as closed:  # a port nothing listens on: the index is unreachable
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    monkeypatch.setenv("VLLM_OVERLAY_INDEX_URL", f"http://127.0.0.1:{port}/simple")
+    the_lock = lock.load(REPO_ROOT / "upstream.lock")
+    store = Store()
+    cached = store.download(the_lock.sdist.filename)
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(b"not the release any more")
+    with pytest.raises(upstream_trees.SourceError) as raised:
+        upstream_trees.obtain(None, the_lock, store)
+    message = str(raised.value)
+    assert message.startswith(
+        f"the cached {cached} failed its sha256 check (expected {the_lock.sdist.sha256}), and fetching it again "
+        f"failed: cannot read the package index at http://127.0.0.1:{port}/simple/vllm/"
+    ), message
+    assert capsys.readouterr().err.startswith(f"warning: the cached {cached} does not match its sha256")
+
+
+class _Trickle(http.server.BaseHTTPRequestHandler):
+    """A mirror that sends one byte every 0.2 s of a 1 MB file (the socket never times out)."""
+
+    def do_GET(self):
+        import time
+
+        self.send_response(200)
+        self.send_header("Content-Length", str(1 << 20))
+        self.end_headers()
+        try:
+            for _ in range(1 << 20):
+                self.wfile.write(b"x")
+                self.wfile.flush()
+                time.sleep(0.2)
+        except OSError:  # the client gave up
+            pass
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_trickling_download_stops_at_its_deadline_saying_so(tmp_path, monkeypatch):
+    """Issue 51 item 12: a package index sending a byte every few seconds had no overall deadline."""
+    import time
+
+    from vllm_overlay import transfer
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Trickle)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv(transfer.DEADLINE_ENV, "1")
+    outcome: list[object] = []
+
+    def fetch() -> None:
+        try:
+            upstream_trees.download(f"http://127.0.0.1:{server.server_port}/f.tar.gz", tmp_path / "f.tar.gz", "0" * 64)
+        except Exception as exc:
+            outcome.append(exc)
+
+    started = time.monotonic()
+    worker = threading.Thread(target=fetch, daemon=True)
+    worker.start()
+    worker.join(20)
+    server.shutdown()
+    assert not worker.is_alive(), "the download was still running after 20 s"
+    assert time.monotonic() - started < 10
+    (error,) = outcome
+    assert isinstance(error, upstream_trees.SourceError)
+    assert "the download of f.tar.gz did not finish within 1 s" in str(error), error
+    assert f"${transfer.DEADLINE_ENV} gives a slow link more seconds" in str(error)
+    assert list(tmp_path.iterdir()) == []  # no partial file left
+
+
+def test_a_trickling_index_page_stops_at_its_deadline(monkeypatch):
+    from vllm_overlay import indexes, transfer
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Trickle)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv(transfer.DEADLINE_ENV, "1")
+    monkeypatch.setenv(indexes.ENV_VAR, f"http://127.0.0.1:{server.server_port}/simple")
+    outcome: list[object] = []
+    worker = threading.Thread(target=lambda: outcome.append(_error_of(upstream_trees.sdist_of, "vllm", "0.33.0")))
+    worker.daemon = True
+    worker.start()
+    worker.join(20)
+    server.shutdown()
+    assert not worker.is_alive(), "reading the index page was still running after 20 s"
+    assert "did not finish within 1 s" in str(outcome[0]), outcome
+
+
+def _error_of(function, *args) -> Exception | None:
+    try:
+        function(*args)
+    except Exception as exc:
+        return exc
+    return None

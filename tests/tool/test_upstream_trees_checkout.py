@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
 import git
 import pytest
 
-from tests.tool.helpers import change_line_20, run_apply
+from tests.tool.helpers import change_line_20, run_apply, write_upstream
 from vllm_overlay import cli
 
 TMPFS = Path("/dev/shm")
@@ -76,3 +77,26 @@ def test_option_shaped_base_of_with_patched_vllm_is_refused(project, make_patch,
             ]
         )
     assert not written.exists()
+
+
+def test_gitattributes_in_the_upstream_steer_neither_the_import_nor_the_working_tree(project, make_patch, tmp_path):
+    """Issue 51 item 13: ``* text eol=crlf`` in the upstream directory gave build/patched a CR on every
+    line of files that have none (and would have stripped the CRs of one that has them on import):
+    the working tree was not the committed tree. Attributes are off in every repository the tool makes."""
+    upstream = write_upstream(tmp_path / "up")
+    make_patch(upstream, change_line_20, "core: change line 20")
+    (upstream / ".gitattributes").write_text("* text eol=crlf\n*.py ident filter=nonesuch\n")
+    (upstream / "vllm" / "dos.py").write_bytes(b"# $Id$\r\nx = 1\r\n")
+    code, _report = run_apply(project, upstream)
+    assert code == 0
+    tree = project / "build" / "patched"
+    for name in ("vllm/_version.py", "vllm/dos.py", ".gitattributes"):
+        assert (tree / name).read_bytes() == (upstream / name).read_bytes(), name
+        blob = subprocess.run(["git", "-C", str(tree), "show", f"HEAD:{name}"], capture_output=True, check=True)
+        assert blob.stdout == (upstream / name).read_bytes(), name
+    assert (
+        b"\r" not in (tree / "vllm" / "core.py").read_bytes()
+        and "line_20 = 200" in (tree / "vllm" / "core.py").read_text()
+    )
+    status = subprocess.run(["git", "-C", str(tree), "status", "--porcelain"], capture_output=True, text=True)
+    assert status.stdout == ""

@@ -190,7 +190,7 @@ def source_root(store: Store, distribution: str, version: str) -> Path:
         if marker.is_file():
             return root
         entry = _pick_archive(upstream_trees.release_files(distribution, version), distribution, version)
-        archive = store.downloads / entry.filename
+        archive = store.download(entry.filename)
         if not archive.exists():
             output.info(f"downloading {entry.filename} (dependency-API check)")
         upstream_trees.download(entry.url, archive, entry.sha256, entry.size)

@@ -14,11 +14,12 @@ full apply does. An output changed by hand in any way (a commit, an edit, a new 
 from upstream as before; --rebuild always builds from upstream.
 
 One run at a time writes an output: a second one waits for the first (or, with --no-wait, exits 2
-naming its pid). Ctrl-C or SIGTERM stop a run with one line and exit 130; the output is left as it
-was (or, interrupted after publishing, is the new tree, as the line says).
+naming its pid); so it does for the cache's lock, saying once whose run it waits for. Ctrl-C or
+SIGTERM stop a run with one line and exit 130; the output is left as it was (or, interrupted after
+publishing, is the new tree, as the line says).
 
 Exit codes: 0 all patches applied; 1 a patch was refused (nothing written); 2 usage or input error,
-or the output busy with --no-wait; 130 interrupted.
+or the output or the cache busy with --no-wait; 130 interrupted.
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-wait",
         dest="wait",
         action="store_false",
-        help="if another run is writing the output, exit 2 (naming its pid) instead of waiting for it",
+        help="if another run is writing the output or holds the cache, exit 2 (naming its pid) instead of "
+        "waiting for it",
     )
     parser.add_argument(
         "--base-upstream",
@@ -105,7 +107,7 @@ def _run(args: argparse.Namespace, proj: project.Project, target: Path) -> int:
 
     # Input errors (lock, series, upstream, an output this tool did not publish) end in cli.main: exit 2.
     the_lock = lock.load(proj.lock_file)
-    store = Store()
+    store = Store(wait=args.wait)  # --no-wait: the cache's locks too, not only the output's
     options = apply.Options(args.allow_offset, args.allow_fuzz, args.three_way)
     if args.upstream is None and not args.only and not args.rebuild:
         recorded = upstream_trees.imported_locked(the_lock, store)

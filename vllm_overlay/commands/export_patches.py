@@ -17,7 +17,9 @@ waited for) and writes patches/ under patches/'s own lock (one export at a time)
 instead of waiting.
 
 Exit codes: 0 exported (or, with --check, up to date); 1 --check found patches/ stale; 2 usage or
-input error (a tree on another upstream, a refused commit, a lock held with --no-wait).
+input error (a tree on another upstream, a refused commit, a lock held with --no-wait); 130
+interrupted (Ctrl-C or SIGTERM): one line says whether patches/ is unchanged or holds the whole
+new series (it is written whole or not at all).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vllm_overlay import staging
+    from vllm_overlay import interrupts, staging
 
     proj = project.from_args(args)
     repo_dir = (args.repo or proj.patched_tree).resolve()
@@ -57,21 +59,32 @@ def run(args: argparse.Namespace) -> int:
         output.error(f"{repo_dir}: no patched repository; run scripts/apply-patches first")
         return 2
 
-    with contextlib.ExitStack() as locks:
-        # The tree first, then patches/: the same order in every export, so two never deadlock.
-        for path in [repo_dir] if args.check else [repo_dir, proj.patches]:
-            locks.enter_context(staging.output_lock(path, wait=args.wait, on_wait=output.waiting_for(path)))
-        return _export(args, proj, repo_dir)
+    written: list[bool] = []  # set once patches/ holds the new series (the write is never cut in two)
+    with interrupts.terminate_as_interrupt():
+        try:
+            with contextlib.ExitStack() as locks:
+                # The tree first, then patches/: the same order in every export, so two never deadlock.
+                for path in [repo_dir] if args.check else [repo_dir, proj.patches]:
+                    locks.enter_context(staging.output_lock(path, wait=args.wait, on_wait=output.waiting_for(path)))
+                return _export(args, proj, repo_dir, written)
+        except KeyboardInterrupt:
+            interrupts.end_child_processes()  # the git a SIGTERM did not reach
+    if written:
+        output.error("interrupted after patches/ was written: it holds the whole exported series")
+    else:
+        output.error("interrupted; patches/ unchanged")
+    return 130
 
 
-def _export(args: argparse.Namespace, proj: project.Project, repo_dir: Path) -> int:
-    from vllm_overlay import export, interrupts, lock, staging
+def _export(args: argparse.Namespace, proj: project.Project, repo_dir: Path, written: list[bool]) -> int:
+    from vllm_overlay import export, faults, interrupts, lock, staging
 
     if not args.allow_other_upstream:
         export.check_locked_upstream(repo_dir, lock.load(proj.lock_file).version)
     exported = export.export_commits(repo_dir)
     partial = export.is_partial(repo_dir)
     wanted = export.rendered_partial(exported, proj.patches) if partial else export.rendered(exported)
+    faults.phase("export-read")
     if args.check:
         diff = export.differences(proj.patches, wanted)
         if diff:
@@ -85,6 +98,7 @@ def _export(args: argparse.Namespace, proj: project.Project, repo_dir: Path) -> 
         changed = export.write(proj.patches, wanted)
         staging.mark_published(repo_dir)  # its work is in patches/ now: apply-patches may replace it
         refresh_dockerfile(proj)  # also when patches/ was already written by an earlier export
+        written.append(True)
     for name in changed:
         output.result(f"{'removed' if name in removed else 'wrote'} patches/{name}")
     if partial:

@@ -20,10 +20,12 @@ Exit codes: 0 every scenario passed on both runtimes; 1 a scenario failed; 2 usa
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vllm_overlay import interrupts, output, project
+from vllm_overlay.errors import InputError
 
 if TYPE_CHECKING:
     from vllm_overlay.e2e import suite
@@ -31,9 +33,14 @@ if TYPE_CHECKING:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     project.add_project_argument(parser)
-    parser.add_argument("--clients", type=int, default=4, help="concurrent clients per scenario (default 4)")
     parser.add_argument(
-        "--ready-timeout", type=float, default=900.0, help="seconds a server may take to answer /health (default 900)"
+        "--clients", type=_positive_count, default=4, help="concurrent clients per scenario (default 4)"
+    )
+    parser.add_argument(
+        "--ready-timeout",
+        type=_positive_seconds,
+        default=900.0,
+        help="seconds a server may take to answer /health (default 900)",
     )
     parser.add_argument("--no-tamper", action="store_true", help="skip the altered-file start (saves one start)")
     parser.add_argument("--out", type=Path, default=None, help="results and logs (default build/cpu/e2e)")
@@ -83,6 +90,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _positive_count(text: str) -> int:
+    """A count of at least 1: zero clients would serve nothing and call it a pass."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid count {text!r}: expected a whole number of at least 1") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: expected a whole number of at least 1")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    """A finite number of seconds above 0 (nan, inf and negatives would wait forever or not at all)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number of seconds {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text}: expected a finite number of seconds above 0")
+    return value
+
+
+def _output_problem(out: Path) -> str | None:
+    """Why ``--out`` cannot be the results directory (None: it can): it, or a folder on its way, is a file."""
+    for way in (out, *out.parents):
+        if way.exists() or way.is_symlink():
+            if not way.is_dir():
+                what = "is" if way == out else f"lies under {way}, which is"
+                return f"--out {out} {what} not a directory"
+            return None
+    return None
+
+
 def _engines(text: str) -> str:
     names = [name.strip() for name in text.split(",") if name.strip()]
     unknown = [name for name in names if name not in ("podman", "docker")]
@@ -97,6 +137,9 @@ def run(args: argparse.Namespace) -> int:
     from vllm_overlay.store import Store
 
     root = project.from_args(args).root
+    problem = _output_problem(args.out) if args.out is not None else None
+    if problem:  # before the runtime is fetched or anything is written
+        raise InputError(problem)
     if args.range_diff:
         print(range_diff(root))
         return 0

@@ -161,12 +161,12 @@ def _session(
     the_lock = lock.load(proj.lock_file)
     every = series.load_series(proj.patches)
     selected = series.select(every, options.only)
-    upstream = upstream_trees.obtain(options.upstream, the_lock, store)
-    problems = _selection_problems(proj, selected)
+    problems = _selection_problems(proj, selected)  # before the upstream: a refusal downloads nothing
     for problem in problems:
         output.error(problem)
     if problems:
         return PatchTestResult(2)
+    upstream = upstream_trees.obtain(options.upstream, the_lock, store)
     prefix = every[: max(every.index(p) for p in selected) + 1]
     try:
         env = testenv.ensure(the_lock, store, options.env)

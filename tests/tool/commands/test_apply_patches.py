@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import git
@@ -185,3 +186,139 @@ def test_a_tree_whose_commits_were_exported_is_replaced_after_patches_change(bui
     patch = built / "patches" / "demo" / "core-change-line-20.patch"
     patch.write_bytes(patch.read_bytes().replace(b"Why, and how.", b"Why, and how (pulled)."))
     assert apply_code(built, upstream_dir) == 0
+
+
+HOLDER = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.pwrite(fd, f"{os.getpid()}\\n".encode(), 0)
+print("held", flush=True)
+import time
+time.sleep(600)  # until the test ends it
+"""
+
+
+def _cache_lock_holder(store_env: Path):
+    """Another process holding the cache's lock, as another run of the tool would (its pid written in it)."""
+    import subprocess
+    import sys
+
+    store_env.mkdir(parents=True, exist_ok=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(store_env / ".lock")], stdout=subprocess.PIPE)
+    assert holder.stdout.readline() == b"held\n"
+    return holder
+
+
+def _finish_within(process, seconds: float) -> tuple[int, str] | None:
+    """The forked run's exit code and stderr, or None (it is killed) when it still runs after ``seconds``."""
+    import os
+    import signal
+    import time
+
+    deadline = time.monotonic() + seconds
+    while True:
+        pid, status = os.waitpid(process.pid, os.WNOHANG)
+        if pid:
+            return os.waitstatus_to_exitcode(status), process.stderr.read()
+        if time.monotonic() > deadline:
+            os.kill(process.pid, signal.SIGKILL)
+            os.waitpid(process.pid, 0)
+            return None
+        time.sleep(0.05)
+
+
+def test_no_wait_does_not_wait_for_the_cache_lock(project, make_patch, upstream_dir, store_env):
+    """Issue 51 item 6: --no-wait while another run held the cache's lock waited silently (40 s and on)."""
+    from tests.tool.helpers import Forked
+
+    make_patch(upstream_dir, change_line_20, "core: change line 20")
+    holder = _cache_lock_holder(store_env)
+    try:
+        up = str(upstream_dir)
+        argv = ["apply-patches", "--project", str(project), "--upstream", up, "--base-upstream", up, "--no-wait"]
+        done = _finish_within(Forked(argv), 20)
+    finally:
+        holder.kill()  # the other run ends (a pipe to it would be inherited by the forked run: not that)
+        holder.wait()
+    assert done is not None, "apply-patches --no-wait was still waiting for the cache's lock after 20 s"
+    code, err = done
+    assert code == 2, err
+    assert err == (
+        f"error: the cache {store_env} is in use by pid {holder.pid} (its lock .lock); "
+        "try again when that run is done (--no-wait gave up instead of waiting)\n"
+    )
+    assert not (project / "build").exists()
+
+
+def test_a_wait_for_the_cache_lock_is_said_once(project, make_patch, upstream_dir, store_env):
+    import time
+
+    from tests.tool.helpers import Forked
+
+    make_patch(upstream_dir, change_line_20, "core: change line 20")
+    holder = _cache_lock_holder(store_env)
+    try:
+        up = str(upstream_dir)
+        process = Forked(["apply-patches", "--project", str(project), "--upstream", up, "--base-upstream", up])
+        time.sleep(2)
+        assert os.waitpid(process.pid, os.WNOHANG)[0] == 0  # still waiting
+    finally:
+        holder.kill()  # the other run ends: this one goes on
+        holder.wait()
+    done = _finish_within(process, 60)
+    assert done is not None
+    code, err = done
+    assert code == 0, err
+    said = f"waiting for pid {holder.pid}, which holds the cache's lock {store_env / '.lock'}"
+    assert err.count(said) == 1, err
+
+
+def test_one_patch_listed_twice_through_a_symlink_is_a_duplicate(built, upstream_dir, capsys):
+    """Issue 51 item 9: the second listing reverse-applied and was reported as "already-upstream"."""
+    before = head(built)
+    (built / "patches" / "demo" / "again.patch").symlink_to("core-change-line-20.patch")
+    series_file = built / "patches" / "series"
+    series_file.write_text(series_file.read_text() + "demo/again.patch\n")
+    assert apply_code(built, upstream_dir) == 2
+    said = (
+        "demo/again.patch: the same file as demo/core-change-line-20.patch, listed before it in series (a link): "
+        "the patch would be applied twice"
+    )
+    assert capsys.readouterr().err == f"error: {said}\n"
+    assert head(built) == before
+    assert f"patches/{said}" in lint.lint(built, built / "patches")
+
+
+@pytest.mark.parametrize(
+    ("listed", "says"),
+    [
+        (
+            "demo/core-change-line-20\u200b.patch",
+            r"'demo/core-change-line-20\u200b.patch' holds U+200B (ZERO WIDTH SPACE)",
+        ),
+        (
+            "demo/\u200fcore-change-line-20.patch",
+            r"'demo/\u200fcore-change-line-20.patch' holds U+200F (RIGHT-TO-LEFT MARK)",
+        ),
+        ("demo/cafe\u0301.patch", r"'demo/cafe\u0301.patch' is not in Unicode NFC form"),
+    ],
+)
+def test_a_name_that_looks_like_another_is_shown_escaped(built, upstream_dir, capsys, listed, says):
+    """Issue 51 item 9: "listed in series but the file does not exist" named, raw, a file that looks
+    identical to one that exists. Such a name is refused where the series is read, shown escaped."""
+    series_file = built / "patches" / "series"
+    series_file.write_text(series_file.read_text().replace("demo/core-change-line-20.patch", listed))
+    before = head(built)
+    assert apply_code(built, upstream_dir) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1 and listed not in err, err
+    assert head(built) == before
+    assert any(says in line for line in lint.lint(built, built / "patches"))
+
+
+def test_a_patch_file_whose_name_does_not_show_is_named_escaped_by_lint(built):
+    (built / "patches" / "demo" / "caf\u00e9\u200b.patch").write_text("")
+    found = lint.lint(built, built / "patches")
+    assert r"patches/'demo/caf\xe9\u200b.patch': not listed in series" in found, found
+    assert any(r"holds U+200B (ZERO WIDTH SPACE), which does not show" in line for line in found), found

@@ -201,3 +201,50 @@ def test_a_signal_stops_the_run_through_its_cleanup_and_is_exit_130(project, mon
         "error: interrupted: every server this run started was stopped; no verdict kept"
     ]
     assert signal.getsignal(signal.SIGTERM) is not serve_e2e.interrupts._raise_interrupt  # handler given back
+
+
+@pytest.fixture
+def nothing_fetched(monkeypatch):
+    """The runtime fetch and the carry check fail the test if reached: a refusal comes before them."""
+
+    def reached(*_args, **_kwargs):
+        raise AssertionError("the run went on past its arguments")
+
+    monkeypatch.setattr(cpu_runtime, "ensure", reached)
+    monkeypatch.setattr(carry, "stale_problem", reached)
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "says"),
+    [
+        ("--clients", "0", "argument --clients: 0: expected a whole number of at least 1"),
+        ("--clients", "-3", "argument --clients: -3: expected a whole number of at least 1"),
+        ("--ready-timeout", "-1", "argument --ready-timeout: -1: expected a finite number of seconds above 0"),
+        ("--ready-timeout", "0", "argument --ready-timeout: 0: expected a finite number of seconds above 0"),
+        ("--ready-timeout", "nan", "argument --ready-timeout: nan: expected a finite number of seconds above 0"),
+        ("--ready-timeout", "inf", "argument --ready-timeout: inf: expected a finite number of seconds above 0"),
+    ],
+)
+def test_a_count_or_timeout_that_cannot_work_is_refused_up_front(
+    project, served, nothing_fetched, capsys, flag, value, says
+):
+    """Issue 51 item 5: --clients 0 and --ready-timeout -1 or nan went on to fetch the runtime."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["serve-e2e", "--project", str(carried(project)), f"{flag}={value}"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"vllm-overlay serve-e2e: error: {says}"
+    assert served.calls == []
+
+
+@pytest.mark.parametrize("under", [False, True])
+def test_an_out_that_is_a_file_is_refused_up_front(project, served, nothing_fetched, capsys, tmp_path, under):
+    """Issue 51 item 5: --out naming a file (or a path under one) ended in FileExistsError/NotADirectoryError."""
+    a_file = tmp_path / "results.txt"
+    a_file.write_text("mine\n")
+    out = a_file / "e2e" if under else a_file
+    code = cli.main(["serve-e2e", "--project", str(carried(project)), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2
+    which = f"lies under {a_file}, which is" if under else "is"
+    assert err == f"error: --out {out} {which} not a directory\n"
+    assert a_file.read_text() == "mine\n" and served.calls == []
