@@ -100,6 +100,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run every test even when the verdict store holds its result (results are stored again)",
     )
     parser.add_argument(
+        "--deep",
+        action="store_true",
+        help="run each series' oracle (tests/patches/SERIES/oracle_*.py) with its long example budget "
+        "instead of its fixed CI budget",
+    )
+    parser.add_argument(
         "--workdir",
         type=Path,
         default=None,
@@ -121,6 +127,7 @@ def run(args: argparse.Namespace) -> int:
         tool_tests=not args.no_tool_tests,
         use_cache=not args.no_cache,
         workdir=args.workdir,
+        deep=args.deep,
     )
     result = testrun.run_patch_tests(project.from_args(args), options)
     if result.report is None:  # stopped before there was anything to report (exit 2 or 130)

@@ -36,6 +36,8 @@ class Config:
     keep_going: bool = False
     tool_tests: bool = True
     use_cache: bool = True
+    oracle_profile: str = "ci"  # ci: each oracle's fixed example budget; deep: its long run (--deep)
+    oracle_db: Path | None = None  # hypothesis example databases, one folder per series (in the cache)
 
 
 @dataclass
@@ -50,6 +52,7 @@ class Job:
     log: Path
     junit_file: Path
     timeout_flag: bool = True
+    env: dict[str, str] = field(default_factory=dict)  # set for this job only (an oracle's profile and database)
     # filled in when it has run
     exit_code: int | None = None
     timed_out: bool = False
@@ -117,7 +120,7 @@ class Executor:
         return [*cmd, *job.targets]
 
     def environment(self, job: Job) -> dict[str, str]:
-        env = dict(self.base_env)
+        env = dict(self.base_env, **job.env)
         if job.pythonpath is not None:
             env["PYTHONPATH"] = shadow.pythonpath_with(job.pythonpath, self.base_env.get("PYTHONPATH"))
         return env

@@ -23,7 +23,7 @@ from vllm_overlay.testrun.verdicts import (
 
 @dataclass(eq=False)
 class Unit:
-    kind: str  # tests | baseline | upstream | final | tool
+    kind: str  # tests | baseline | upstream | final | oracle | tool
     step: int
     specs: list[str]
     key: str
@@ -163,10 +163,13 @@ class RunReport:
     setup_seconds: float = 0.0
     processes: int = 0  # pytest processes started
     extra: dict[str, object] = field(default_factory=dict)
+    oracle_units: dict[str, Unit] = field(default_factory=dict)  # series -> its oracle's unit
+    oracles: dict[str, Verdict] = field(default_factory=dict)  # series -> its oracle's verdict, once decided
 
     @property
     def ok(self) -> bool:
         checks = [p.ok for p in self.patches]
+        checks += [self.oracles[name].ok if name in self.oracles else False for name in self.oracle_units]
         if self.final is not None:
             checks.append(self.final.ok)
         if self.tool is not None:
@@ -179,6 +182,10 @@ class RunReport:
                 return f"{patch.name}: " + "; ".join(patch.failures())
         if self.final is not None and not self.final.ok:
             return f"full series: {self.final.status}: {self.final.detail}"
+        for name in self.oracle_units:
+            verdict = self.oracles.get(name)
+            if verdict is None or not verdict.ok:
+                return f"oracle of {name}: " + (f"{verdict.status}: {verdict.detail}" if verdict else "not run")
         if self.tool is not None and not self.tool.ok:
             return f"tool tests: {self.tool.status}: {self.tool.detail}"
         return None
@@ -202,5 +209,6 @@ class RunReport:
             "pytest_processes": self.processes,
             "patches": [p.to_json() for p in self.patches],
             "full_series": self._whole(self.final, self.final_unit),
+            "oracles": {name: self._whole(self.oracles.get(name), unit) for name, unit in self.oracle_units.items()},
             "tool_tests": self._whole(self.tool, self.tool_unit),
         }

@@ -3,7 +3,9 @@ pytest jobs for the rest.
 
 For patch k (step k = patches 1..k applied): red = its Tests on step k-1, green = its Tests on
 step k, one unit per Tests file; baseline = each Upstream-Test on step 0; upstream = its
-Upstream-Tests on step k. Then all selected Tests together on the last step (final) and the tool
+Upstream-Tests on step k. Then all selected Tests together on the last step (final), each series' oracle
+(``tests/patches/<series>/oracle_*.py``, the differential tests that hold the series' tree to
+pristine vLLM) on the step of the series' last patch when that patch is selected, and the tool
 tests. Units with equal keys are one unit (patch k's red and patch k-1's green when they name the
 same file); the missing units of one step's Tests share one pytest process, so the red run of
 patch k and the green run of patch k-1 cost one vLLM import, not two.
@@ -32,6 +34,7 @@ class Plan:
     members: dict[int, list[Unit]] = field(default_factory=dict)  # id(job) -> the units it serves
     final: Unit | None = None
     tool: Unit | None = None
+    oracles: dict[str, Unit] = field(default_factory=dict)  # series -> its oracle on its last patch's step
 
     def units_of(self, job: Job) -> list[Unit]:
         return self.members.get(id(job), [])
@@ -107,6 +110,9 @@ class Planner:
             all_tests.extend(t for t in outcome.tests if t not in all_tests)
         if all_tests:
             plan.final = self.unit("final", last, all_tests, tests_digest(self.project_root, all_tests))
+        for name, (step, specs) in self.oracle_specs().items():
+            digest = tests_digest(self.project_root, specs)
+            plan.oracles[name] = self.unit("oracle", step, specs, digest, self.config.oracle_profile)
         if self.config.tool_tests and self.tool_python and (self.project_root / "tests" / "tool").is_dir():
             what = {
                 "kind": "tool",
@@ -119,11 +125,33 @@ class Planner:
         self._jobs(plan)
         return plan
 
+    def oracle_specs(self) -> dict[str, tuple[int, list[str]]]:
+        """Series -> (the step of its last patch, its oracle files), for series whose last patch is selected."""
+        last_step: dict[str, int] = {}
+        for step, patch in enumerate(self.patches, start=1):
+            last_step[patch.series] = step
+        found = {}
+        for name, step in last_step.items():
+            if self.patches[step - 1].name not in self.selected:
+                continue
+            folder = self.project_root / "tests" / "patches" / name
+            specs = sorted(p.relative_to(self.project_root).as_posix() for p in folder.glob("oracle_*.py"))
+            if specs:
+                found[name] = (step, specs)
+        return found
+
     def _jobs(self, plan: Plan) -> None:
         """One job per group of units without a result, in the order a reader follows the series."""
         queued: set[int] = set()
 
-        def add(kind: str, label: str, units: list[Unit], upstream: bool = False, timeout: bool = True) -> None:
+        def add(
+            kind: str,
+            label: str,
+            units: list[Unit],
+            upstream: bool = False,
+            timeout: bool = True,
+            env: dict[str, str] | None = None,
+        ) -> None:
             units = [u for u in units if u.result is None and id(u) not in queued]
             if not units:
                 return
@@ -144,6 +172,7 @@ class Planner:
                 log=self.workdir / "logs" / f"{name}.log",
                 junit_file=self.workdir / "junit" / f"{name}.xml",
                 timeout_flag=timeout,
+                env=env or {},
             )
             for unit in units:
                 unit.job = job
@@ -166,6 +195,13 @@ class Planner:
                 add("upstream", outcome.name, [outcome.upstream_unit], upstream=True)
         if plan.final is not None:
             add("final", "all Tests together", [plan.final])
+        for name, unit in plan.oracles.items():
+            env = {"VLLM_OVERLAY_ORACLE_PROFILE": self.config.oracle_profile}
+            if self.config.oracle_db is not None:
+                env["VLLM_OVERLAY_ORACLE_DB"] = str(self.config.oracle_db / name)
+            # No per-test timeout: an oracle is one long hypothesis test that bounds every wait
+            # itself; the process limit (--run-timeout) still holds.
+            add("oracle", f"oracle of {name}", [unit], timeout=False, env=env)
         if plan.tool is not None:
             add("tool", "tool tests", [plan.tool], timeout=False)
 

@@ -57,6 +57,8 @@ def table(report: RunReport) -> str:
     lines.insert(1, "  ".join("-" * w for w in widths))
     lines.append("")
     lines.append(_whole("full series, all Tests together", report.final, report.final_unit))
+    for name, unit in report.oracle_units.items():
+        lines.append(_whole(f"oracle of {name}", report.oracles.get(name), unit))
     lines.append(_whole("tool tests", report.tool, report.tool_unit))
     passed = sum(p.ok for p in report.patches)
     cached = sum(p.cached for p in report.patches)
@@ -105,6 +107,8 @@ def junit_cases(report: RunReport, apply_failures: list[tuple[str, str]] | None 
             regressions = "\n" + "\n".join(shown)
         upstream_units = [*p.baseline_units, *([p.upstream_unit] if p.upstream_unit else [])]
         cases.append(_case(suite, f"{p.name} [upstream-tests]", p.upstream, upstream_units, regressions))
+    for name, unit in report.oracle_units.items():
+        cases.append(_case(f"patches.{name}", f"oracle of {name}", report.oracles.get(name), [unit]))
     for label, verdict, unit in (
         ("all Tests together on the full series", report.final, report.final_unit),
         ("tool tests", report.tool, report.tool_unit),

@@ -22,7 +22,7 @@ class Runner:
         self.config = config
         self.info = info
         self._print_lock = threading.Lock()
-        self.report = RunReport(plan.outcomes, final_unit=plan.final, tool_unit=plan.tool)
+        self.report = RunReport(plan.outcomes, final_unit=plan.final, tool_unit=plan.tool, oracle_units=plan.oracles)
         self.decided: set[str] = set()
 
     def say(self, message: str) -> None:
@@ -113,6 +113,18 @@ class Runner:
                         self.say(f"  {outcome.name}: {verdict.status}: {verdict.detail}\n  log: {job.log}")
                         self.say(log_tail(job.log, 30))
                         failed = True
+        for series_name, unit in self.plan.oracles.items():
+            if unit.result is None or series_name in self.report.oracles:
+                continue
+            r = unit.result
+            verdict = green_verdict(unit.specs, r.cases, r.exit_code, r.timed_out)
+            self.report.oracles[series_name] = verdict
+            cached = "" if unit.executed else " (cached)"
+            self.say(f"  => oracle of {series_name}: {verdict.status}{cached}")
+            if not verdict.ok:
+                if unit.executed and unit.job is not None:
+                    self.say(f"  --- oracle log (last lines): {unit.job.log}\n{log_tail(unit.job.log, 60)}  ---")
+                failed = True
         for name, unit in (("final", self.plan.final), ("tool", self.plan.tool)):
             if unit is None or unit.result is None or getattr(self.report, name) is not None:
                 continue

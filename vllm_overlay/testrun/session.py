@@ -99,6 +99,7 @@ class PatchTestOptions:
     tool_tests: bool = True
     use_cache: bool = True  # answer from the verdict store where it holds the result
     workdir: Path | None = None  # None: <build>/test-patches
+    deep: bool = False  # each series' oracle runs its long budget (--deep) instead of its fixed one
 
 
 @dataclass
@@ -137,6 +138,7 @@ def run_patch_tests(proj: Project, options: PatchTestOptions) -> PatchTestResult
         keep_going=options.keep_going,
         tool_tests=options.tool_tests,
         use_cache=options.use_cache,
+        oracle_profile="deep" if options.deep else "ci",
     )
     started = time.monotonic()
     workdir = (options.workdir or proj.build / "test-patches").resolve()
@@ -158,6 +160,8 @@ def _session(
     from vllm_overlay import lock, series, shadow, testenv, upstream_trees
 
     store = Store()
+    # Each series' hypothesis example database, kept in the cache: a failing example replays first.
+    config.oracle_db = store.root / "oracle-examples"
     the_lock = lock.load(proj.lock_file)
     every = series.load_series(proj.patches)
     selected = series.select(every, options.only)
@@ -211,6 +215,7 @@ def _session(
         "applied": [p.name for p in prefix],
         "jobs": config.jobs,
         "per_test_timeout": config.per_test_timeout,
+        "oracle_profile": config.oracle_profile,
     }
     output.result(table(result))
     return PatchTestResult(0 if result.ok else 1, result)

@@ -151,3 +151,16 @@ def test_run_report_json() -> None:
         "run": None,
     }
     assert data["tool_tests"] == {"status": "not run", "cached": False, "run": None}
+
+
+def test_a_series_oracle_decides_the_run() -> None:
+    oracle = unit("oracle", 1, "tests/patches/demo/oracle_demo.py", None)
+    waiting = _report(_proven(), oracle_units={"demo": oracle})
+    assert not waiting.ok and waiting.first_failure() == "oracle of demo: not run"
+    failed = _report(_proven(), oracle_units={"demo": oracle}, oracles={"demo": Verdict(False, "FAILED", "0p 1f 0s")})
+    assert not failed.ok and failed.first_failure() == "oracle of demo: FAILED: 0p 1f 0s"
+    passed = _report(_proven(), oracle_units={"demo": oracle}, oracles={"demo": Verdict(True, "ok", "1p 0f 0s")})
+    assert passed.ok and passed.first_failure() is None
+    assert passed.to_json()["oracles"] == {
+        "demo": {"ok": True, "status": "ok", "detail": "1p 0f 0s", "files": {}, "cached": False, "run": None}
+    }

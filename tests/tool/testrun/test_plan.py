@@ -138,3 +138,37 @@ def test_files_of_one_basename_in_two_folders_never_share_a_process() -> None:
         ["tests/patches/b/test_demo.py"],
     ]
     assert planning._importable_together([]) == []
+
+
+ORACLE = "tests/patches/demo/oracle_demo.py"
+
+
+def test_a_series_oracle_runs_on_its_last_patch_with_its_profile_and_database(series_setup: dict) -> None:
+    (series_setup["project"] / ORACLE).write_text("def test_o():\n    assert True\n")
+    planner = _planner(series_setup, [FIRST, SECOND])
+    planner.config = Config(tool_tests=False, oracle_db=Path("/cache/oracle-examples"))
+    made = planner.plan()
+    assert list(made.oracles) == ["demo"]
+    oracle = made.oracles["demo"]
+    assert (oracle.kind, oracle.step, oracle.specs) == ("oracle", 2, [ORACLE])
+    (job,) = [j for j in made.jobs if j.kind == "oracle"]
+    assert made.jobs[-1] is job and job.step == 2 and job.targets == [ORACLE]
+    assert not job.timeout_flag  # it bounds its own waits; one hypothesis test outlasts a per-test timeout
+    assert job.env == {
+        "VLLM_OVERLAY_ORACLE_PROFILE": "ci",
+        "VLLM_OVERLAY_ORACLE_DB": "/cache/oracle-examples/demo",
+    }
+    planner = _planner(series_setup, [FIRST, SECOND])
+    planner.config = Config(tool_tests=False, oracle_profile="deep")
+    deep = planner.plan().oracles["demo"]
+    assert deep.key != oracle.key  # a deep run's verdict never answers for the fixed budget, nor back
+
+
+def test_no_oracle_until_the_series_last_patch_is_selected(series_setup: dict) -> None:
+    (series_setup["project"] / ORACLE).write_text("def test_o():\n    assert True\n")
+    assert _planner(series_setup, [FIRST]).plan().oracles == {}
+    assert list(_planner(series_setup, [SECOND]).plan().oracles) == ["demo"]
+
+
+def test_a_series_without_oracle_files_has_none(series_setup: dict) -> None:
+    assert _planner(series_setup, [FIRST, SECOND]).plan().oracles == {}
