@@ -31,6 +31,11 @@ from pathlib import Path
 import pytest
 from hypothesis import given, note
 from hypothesis import strategies as st
+
+if __name__ == "__main__":  # the reproducer: as pytest would, put the harness folders on sys.path
+    import sys
+
+    sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
 from oracle_harness import Sides, intended_differences, oracle_settings
 from qeo_oracle_judge import judge, pristine_problems
 
@@ -126,3 +131,30 @@ def violation(kind: str) -> type[AssertionError]:
     if kind not in _VIOLATIONS:
         _VIOLATIONS[kind] = type(f"OracleViolation[{kind}]", (AssertionError,), {})
     return _VIOLATIONS[kind]
+
+
+def replay(request: dict) -> list[tuple[str, str]]:
+    """Run one sequence on both sides and print both traces and the judge's findings (the reproducer)."""
+    both = Sides(HERE / "qeo_oracle_child.py")
+    try:
+        pristine, patched = both.run(request, SEQUENCE_BOUND_S)
+    finally:
+        both.close()
+    problems = judge(request["config"], request["ops"], pristine, patched, DIFFERENCES)
+    print("pristine vllm:", both.pristine.vllm_dir)
+    print("patched vllm: ", both.patched.vllm_dir)
+    print("pristine trace:", json.dumps(pristine))
+    print("patched trace: ", json.dumps(patched))
+    print("pristine problems:", json.dumps(pristine_problems(request["ops"], pristine)))
+    for kind, message in problems:
+        print(f"VIOLATION [{kind}]\n  " + message.replace("\n", "\n  "))
+    print("property holds" if not problems else f"{len(problems)} violation(s)")
+    return problems
+
+
+if __name__ == "__main__":
+    # python oracle_executor.py '{"config": {...}, "ops": [...]}' with the patched tree's shadow
+    # first on PYTHONPATH (the sequence line a failing example prints): exit 1 on a violation.
+    import sys
+
+    sys.exit(1 if replay(json.loads(sys.argv[1])) else 0)
