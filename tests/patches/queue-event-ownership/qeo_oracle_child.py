@@ -120,8 +120,8 @@ class Sequence:
         real_view = qwp.config_view
         tp, pp = self.tp, self.pp
 
-        def config_view(world_size: int, async_scheduling: bool, fault_tolerance: bool) -> Any:
-            view = real_view(world_size, async_scheduling, fault_tolerance)
+        def config_view(*args: Any, **kwargs: Any) -> Any:
+            view = real_view(*args, **kwargs)
             view.parallel_config.pipeline_parallel_size = pp
             view.parallel_config.tensor_parallel_size = tp
             view.parallel_config.prefill_context_parallel_size = 1
