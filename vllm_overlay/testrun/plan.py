@@ -112,7 +112,9 @@ class Planner:
             plan.final = self.unit("final", last, all_tests, tests_digest(self.project_root, all_tests))
         for name, (step, specs) in self.oracle_specs().items():
             digest = tests_digest(self.project_root, specs)
-            plan.oracles[name] = self.unit("oracle", step, specs, digest, self.config.oracle_profile)
+            # The intended differences apply by patch file name: the names are part of the key.
+            names = [p.name for p in self.patches if p.series == name]
+            plan.oracles[name] = self.unit("oracle", step, specs, digest, self.config.oracle_profile, names)
         if self.config.tool_tests and self.tool_python and (self.project_root / "tests" / "tool").is_dir():
             what = {
                 "kind": "tool",
