@@ -31,6 +31,7 @@ OPTIONS = (
     "--run-timeout",
     "--no-tool-tests",
     "--no-cache",
+    "--deep",
     "--workdir",
 )
 
@@ -79,7 +80,7 @@ def test_every_flag_reaches_the_options(project, calls, tmp_path):
     argv = ["test-patches", "--project", str(project), "--only", "demo", "--only", "demo/a.patch"]
     argv += ["--upstream", "0.33.1", "--keep-going", "--env", str(tmp_path / "venv"), "-j", "3"]
     argv += ["--timeout", "7", "--run-timeout", "70", "--no-tool-tests", "--no-cache"]
-    argv += ["--workdir", str(tmp_path / "work"), "--index-url", "file:///srv/index/"]
+    argv += ["--workdir", str(tmp_path / "work"), "--index-url", "file:///srv/index/", "--deep"]
     assert cli.main(argv) == 0
     [(_, options)] = calls
     assert options == testrun.PatchTestOptions(
@@ -93,6 +94,7 @@ def test_every_flag_reaches_the_options(project, calls, tmp_path):
         tool_tests=False,
         use_cache=False,
         workdir=tmp_path / "work",
+        deep=True,
     )
     assert calls.indexes == ["file:///srv/index"]  # --index-url is the index the run reads
     assert indexes.configured() != ["file:///srv/index"]  # and only that run's: the process's next run reads pip's
