@@ -102,3 +102,39 @@ def test_tool_tests_run_in_the_tools_interpreter_not_the_vllm_environment(
     out = capsys.readouterr()
     assert code == 0, out.out + out.err
     assert data["tool_tests"]["ok"] and not data["tool_tests"]["cached"], data["tool_tests"]
+
+
+ORACLE_TEXT = """\
+import os
+
+from vllm.core import line_1
+
+
+def test_oracle_runs_on_the_series_tree_with_its_profile_and_database():
+    assert line_1 == {line_1}
+    assert os.environ["VLLM_OVERLAY_ORACLE_PROFILE"] == "{profile}"
+    assert os.environ["VLLM_OVERLAY_ORACLE_DB"].endswith("/oracle-examples/alpha")
+"""
+
+
+def test_a_series_oracle_runs_after_its_last_patch_and_decides_the_run(
+    fake_project: dict, tmp_path: Path, capsys
+) -> None:
+    add_patch(fake_project, "Fix line one", "alpha", fix_line_one, RED_GREEN_TEST, "none")
+    oracle = fake_project["project"] / "tests" / "patches" / "alpha" / "oracle_alpha.py"
+    oracle.write_text(ORACLE_TEXT.format(line_1=100, profile="ci"))
+    code, data, xml_root = run_cli(fake_project, tmp_path)
+    out = capsys.readouterr()
+    assert code == 0, out.out + out.err
+    assert data["oracles"]["alpha"]["ok"] and not data["oracles"]["alpha"]["cached"]
+    assert "oracle of alpha: ok" in out.out
+    assert any(case.get("name") == "oracle of alpha" for case in xml_root.iter("testcase"))
+    code, data, _ = run_cli(fake_project, tmp_path)  # nothing changed: the verdict store answers
+    assert code == 0 and data["oracles"]["alpha"]["cached"]
+    code, data, _ = run_cli(fake_project, tmp_path, "--deep")  # another budget: run again, deep
+    assert code == 1 and data["oracles"]["alpha"]["status"] == "FAILED"
+    oracle.write_text(ORACLE_TEXT.format(line_1=1, profile="ci"))  # an oracle that fails on the series' tree
+    code, data, _ = run_cli(fake_project, tmp_path, "--keep-going")
+    out = capsys.readouterr().out
+    assert code == 1 and data["patches"][0]["ok"] and not data["oracles"]["alpha"]["ok"]
+    assert "RESULT: FAILED: oracle of alpha: FAILED" in out
