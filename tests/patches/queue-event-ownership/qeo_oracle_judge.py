@@ -102,6 +102,28 @@ def matching_difference(
     return None
 
 
+def final_stop_listed(
+    config: dict[str, Any],
+    ops: list[dict[str, Any]],
+    pristine: dict[str, Any],
+    patched: dict[str, Any],
+    differences: list[dict[str, Any]],
+) -> bool:
+    """Whether the end-of-sequence model step failed as a listed difference that stops the engine.
+
+    The check's step is one more operation after the sequence: a failure the patched tree reports
+    late (with the next RPC, as a listed difference says) lands on it; the engine stops there, so
+    the check's RPC after it is not judged.
+    """
+    step = patched["final"]["step"]
+    if step["kind"] != "error":
+        return False
+    check = [*ops, {"op": "step"}]
+    p_final = (pristine.get("final") or {}).get("step") or {"kind": "result", "ops": []}
+    entry = matching_difference(len(ops), check, config, p_final, step, differences)
+    return entry is not None and bool(entry.get("stops"))
+
+
 def normal(i: int, outcome: dict[str, Any], ops: list[dict[str, Any]]) -> tuple[str, str, str]:
     rel = relation(i, outcome["ops"], ops)
     if outcome["kind"] == "result":
@@ -161,7 +183,11 @@ def judge(
     end = patched["end"]
     if end == "hung":
         problems.append(("end: hang", "patched: a caller waited past the bound"))
-    if end == "completed" and not final_healthy(patched):
+    if (
+        end == "completed"
+        and not final_healthy(patched)
+        and not final_stop_listed(config, ops, pristine, patched, differences)
+    ):
         problems.append(("end: unusable", f"patched: not usable at the end: {patched['final']}"))
     if end == "stopped" and not stopped_legitimately:
         message = "patched: the engine stopped without a failed model step of its own or a listed difference"
