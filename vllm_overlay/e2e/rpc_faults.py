@@ -50,7 +50,9 @@ ADAPTER_RANK = 16  # above MAX_LORA_RANK: the workers refuse it
 # A failing call answers in well under a second on a healthy engine; one that takes this long has hung.
 CALL_TIMEOUT_S = 30.0
 STREAM_TOKENS = 96  # long enough that a stream spans a call; prompt + this < --max-model-len
-STREAM_TIMEOUT_S = 240.0
+# The longest a stream may go without a chunk (urllib's read timeout): a healthy engine sends one every
+# few milliseconds here; a stream silent this long is stuck in a hung engine.
+STREAM_TIMEOUT_S = 60.0
 BURST_CI = 25  # back-to-back failing calls per burst in CI (docs/e2e.md: what they cost)
 BURST_DEEP = 100  # --deep: the issue's count
 
@@ -274,11 +276,14 @@ class Observed:
 
     @property
     def state(self) -> str:
-        """up, dies or hangs (see the module's docstring)."""
-        if any(status == 0 for _, status, _, _ in self.answers) or self.streams_hung:
-            return "dies" if self.health_after not in (200,) else "hangs"
-        if self.first_wrong or self.streams_failed or self.completion_after != 200:
-            return "dies" if self.health_after != 200 else "wrong"
+        """up, wrong (up, but an answer or a stream was wrong), dies or hangs (see the module's docstring)."""
+        unanswered = any(status == 0 for _, status, _, _ in self.answers) or self.completion_after == 0
+        if unanswered or self.streams_hung:
+            return "hangs" if self.health_after == 200 else "dies"
+        if self.completion_after != 200 or self.health_after != 200:
+            return "dies"
+        if self.first_wrong or self.streams_failed:
+            return "wrong"
         return "up"
 
 
@@ -308,7 +313,7 @@ def after(server: Server, observed: Observed) -> None:
     completion = post(
         server.url + "/v1/completions",
         {"model": MODEL_NAME, "prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0.0, "ignore_eos": True},
-        CALL_TIMEOUT_S * 2,
+        CALL_TIMEOUT_S,
     )
     observed.completion_after = completion.status
     observed.health_after = get(server.url + "/health", timeout=10)[0]
