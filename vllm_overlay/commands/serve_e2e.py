@@ -64,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--deep",
         action="store_true",
-        help="with --faults: bursts of 100 failing calls (CI makes 25 per burst)",
+        help="with --faults: bursts of 1000 failing calls (CI makes 100 per burst)",
     )
     parser.add_argument(
         "--range-diff",
