@@ -62,6 +62,8 @@ def _handler(fake: _Fake) -> type[BaseHTTPRequestHandler]:
                 self._send(500, '{"error": "EngineDeadError"}')
             elif path == "/v1/completions":
                 self._completion(body)
+            elif path == "/collective_rpc" and body["method"] == "check_health":
+                self._send(200, '{"results": [null]}')
             elif path == "/collective_rpc":
                 text = errors[body["method"]] if fake.named else "Internal Server Error"
                 self._send(500, json.dumps({"error": {"message": text}}))
@@ -146,20 +148,21 @@ def test_a_failing_call_without_its_workers_error_is_wrong_for_patched(fake, tmp
 def test_a_hung_call_with_health_200_is_a_hang_and_stops_the_layout(fake, tmp_path):
     fake.hang.add("/collective_rpc")
     results = rpc_faults.layout_results(fake.server, "tp2", True, 1, 4, rpc_faults.adapter(tmp_path / "a"))
+    assert results[0].name == "tp2 collective-rpc-ok"
     assert results[0].data["state"] == "hangs" and not results[0].ok
-    assert all(r.detail == "not reached: the engine hung at collective-rpc-raises" for r in results[1:])
+    assert all(r.detail == "not reached: the engine hung at collective-rpc-ok" for r in results[1:])
     assert not any(r.ok for r in results[1:])  # patched: a case not reached is a failure
 
 
 def test_pristine_is_recorded_never_failed_and_says_when_it_differs_from_the_record(fake, tmp_path, monkeypatch):
     fake.dead = True
-    monkeypatch.setitem(rpc_faults.PRISTINE_KNOWN, ("pp2", "collective-rpc-raises"), "dies")
-    results = rpc_faults.layout_results(fake.server, "pp2", False, 0, 3, rpc_faults.adapter(tmp_path / "a"))
+    monkeypatch.setitem(rpc_faults.PRISTINE_KNOWN, ("tp1", "collective-rpc-ok"), "dies")
+    results = rpc_faults.layout_results(fake.server, "tp1", False, 0, 3, rpc_faults.adapter(tmp_path / "a"))
     assert results[0].data["state"] == "dies" and results[0].ok
     assert "its known defect, as recorded (dies)" in results[0].detail
     assert all(r.ok and r.detail.startswith("not reached") for r in results[1:])
-    monkeypatch.delitem(rpc_faults.PRISTINE_KNOWN, ("pp2", "collective-rpc-raises"))
-    again = rpc_faults.verdict("pp2", "collective-rpc-raises", False, rpc_faults.run_case(fake.server, [], 0))
+    monkeypatch.delitem(rpc_faults.PRISTINE_KNOWN, ("tp1", "collective-rpc-ok"))
+    again = rpc_faults.verdict("tp1", "collective-rpc-ok", False, rpc_faults.run_case(fake.server, [], 0))
     assert again[0] and "recorded: up; differs" in again[1]
 
 
@@ -168,3 +171,27 @@ def test_the_cli_takes_known_layouts_only():
     for bad in ("tp3", "tp1,tp1", ""):
         with pytest.raises(argparse.ArgumentTypeError):
             serve_e2e._layouts(bad)
+
+
+def test_a_runtime_defect_listed_as_data_is_accepted_on_patched_only_as_pristine_does_it(fake, tmp_path, monkeypatch):
+    """A layout whose streaming control case ends the runtime (as on pristine) runs its idle case first,
+    and patched is accepted there only for doing exactly what the listed defect says."""
+    monkeypatch.setitem(rpc_faults.RUNTIME_DEFECTS, ("tp2", "collective-rpc-ok"), ("dies", "a listed defect"))
+    monkeypatch.setattr(rpc_faults, "IDLE_FIRST", frozenset({"tp2"}))
+    assert rpc_faults.case_order("tp2")[0] == "burst-idle" and rpc_faults.case_order("tp1") == rpc_faults.CASES
+    adapter_dir = rpc_faults.adapter(tmp_path / "a")
+    up = rpc_faults.layout_results(fake.server, "tp2", True, 1, 3, adapter_dir)
+    assert [r.name for r in up][:2] == ["tp2 burst-idle x3", "tp2 collective-rpc-ok"] and all(r.ok for r in up)
+    fake.dead = True
+    died = rpc_faults.layout_results(fake.server, "tp2", True, 1, 3, adapter_dir)
+    assert not died[0].ok  # the idle burst is judged as ever: dying there is the series' failure
+    fake.dead = False
+    monkeypatch.setitem(rpc_faults.RUNTIME_DEFECTS, ("tp2", "burst-idle"), ("dies", "a listed defect"))
+    fake.dead = True
+    died = rpc_faults.layout_results(fake.server, "tp2", True, 1, 3, adapter_dir)
+    assert died[0].ok and "the runtime's own defect, as on pristine: a listed defect" in died[0].detail
+    assert all(r.ok and "(the runtime's own defect: a listed defect)" in r.detail for r in died[1:])
+    hung = rpc_faults.verdict(
+        "tp2", "burst-idle", True, rpc_faults.Observed(answers=[("/x", 0, 1.0, False)], health_after=200)
+    )
+    assert hung[0] is False  # a hang is not the listed death
