@@ -34,6 +34,7 @@ matches what was recorded.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 import urllib.error
@@ -82,20 +83,31 @@ PRISTINE_KNOWN: dict[tuple[str, str], str] = {
     # Unread replies pile up in rank 1's response queue: the 9th call of the burst never answers, the
     # streams stop, /health stays 200 (burst-idle is then not reached).
     ("tp2", "burst-streaming"): "hangs",
+    # PP=2 runs its idle burst first (IDLE_FIRST): the same pile-up in a worker's response queue, the
+    # 22nd call never answers, /health stays 200; the streaming cases are then not reached.
+    ("pp2", "burst-idle"): "hangs",
+    # Reached only on an engine that survived the idle burst: see RUNTIME_DEFECTS.
     ("pp2", "collective-rpc-ok"): "dies",
 }
 
-# Where the runtime itself fails on a call that succeeds (the control), pristine and patched alike:
-# a defect the series does not address, listed once, as data. There patched may do what pristine
-# does, and the cases after it on that server are not reached on either runtime.
-RUNTIME_DEFECTS: dict[tuple[str, str], tuple[str, str]] = {
-    # vLLM 0.32.0 on CPU at PP=2: a collective RPC that succeeds on every rank (check_health), made
-    # while batches are in flight, ends the engine: the PP=1 worker's next execute_model finds no
-    # intermediate tensors (AssertionError in sync_and_gather_intermediate_tensors) and the scheduler
-    # then gets an output without its requests (KeyError in update_from_output). Same on both runtimes.
-    ("pp2", "collective-rpc-ok"): ("dies", "a collective RPC between PP batches ends vLLM 0.32.0 on CPU"),
+# Where the runtime itself fails, pristine and patched alike, on calls that succeed (found by the
+# control case): a defect the series does not address, listed once, as data, by layout: (the state
+# it leaves, what it is, a pattern its traceback leaves in the server's log). In that layout a case
+# where patched dies with that traceback in its log is accepted (as on pristine), and the cases after
+# it on that server are not reached on either runtime; a hang, or a death without it, still fails.
+RUNTIME_DEFECTS: dict[str, tuple[str, str, str]] = {
+    # vLLM 0.32.0 on CPU at PP=2: the first model step after any collective RPC (check_health, which
+    # succeeds on every rank, included; with batches in flight or idle) ends the engine: the PP=1
+    # worker's execute_model finds no intermediate tensors (AssertionError in
+    # sync_and_gather_intermediate_tensors), then the scheduler gets an output without its requests
+    # (KeyError in update_from_output). Same on both runtimes.
+    "pp2": (
+        "dies",
+        "the first model step after a collective RPC ends vLLM 0.32.0 on CPU at PP=2",
+        r"sync_and_gather_intermediate_tensors[\s\S]*AssertionError[\s\S]*KeyError: 'cmpl-",
+    ),
 }
-# Layouts whose idle cases run first, because a streaming case ends the runtime there (RUNTIME_DEFECTS).
+# Layouts whose idle burst runs first, because any streaming case ends the runtime there (RUNTIME_DEFECTS).
 IDLE_FIRST = frozenset({"pp2"})
 
 
@@ -386,14 +398,23 @@ def describe(observed: Observed) -> str:
     return text
 
 
-def verdict(layout: str, case: str, patched: bool, observed: Observed) -> tuple[bool, str]:
-    """Patched must stay up (or, in a RUNTIME_DEFECTS case, may do what pristine does); pristine is
+def runtime_defect(layout: str, observed: Observed, log: str) -> str | None:
+    """What RUNTIME_DEFECTS lists for ``layout``, if ``observed`` is that defect (its state, and its
+    traceback in the server's ``log``); else None."""
+    defect = RUNTIME_DEFECTS.get(layout)
+    if defect is None or observed.state != defect[0] or not re.search(defect[2], log):
+        return None
+    return defect[1]
+
+
+def verdict(layout: str, case: str, patched: bool, observed: Observed, log: str = "") -> tuple[bool, str]:
+    """Patched must stay up (or die of the runtime's own listed defect, as pristine does); pristine is
     recorded against PRISTINE_KNOWN and never failed."""
     detail = describe(observed)
-    defect = RUNTIME_DEFECTS.get((layout, case))
     if patched:
-        if defect is not None and observed.state == defect[0]:
-            return True, f"{detail} [the runtime's own defect, as on pristine: {defect[1]}]"
+        defect = runtime_defect(layout, observed, log)
+        if defect is not None:
+            return True, f"{detail} [the runtime's own defect, as on pristine: {defect}]"
         return observed.state == "up", detail
     known = PRISTINE_KNOWN.get((layout, case), "up")
     if observed.state == known:
@@ -408,6 +429,14 @@ def case_order(layout: str) -> tuple[str, ...]:
     if layout not in IDLE_FIRST:
         return CASES
     return ("burst-idle", *(case for case in CASES if case != "burst-idle"))
+
+
+def _read(server: Server) -> str:
+    """The server's log so far ("" when it has none)."""
+    try:
+        return Path(server.log).read_text(encoding="utf-8", errors="replace")
+    except (AttributeError, OSError):
+        return ""
 
 
 def layout_results(
@@ -432,12 +461,13 @@ def layout_results(
             continue
         started = time.monotonic()
         observed = bursts[case]() if case in bursts else run_case(server, calls[case], clients)
-        ok, detail = verdict(layout, case, patched, observed)
+        log = _read(server)
+        ok, detail = verdict(layout, case, patched, observed, log)
         results.append(Result(name, ok, detail, time.monotonic() - started, {"state": observed.state}))
         if observed.state in ("dies", "hangs"):
             stopped = f"{'died' if observed.state == 'dies' else 'hung'} at {case}"
-            defect = RUNTIME_DEFECTS.get((layout, case))
-            by_defect = defect is not None and defect[0] == observed.state
+            defect = runtime_defect(layout, observed, log)
+            by_defect = defect is not None
             if by_defect:
-                stopped += f" (the runtime's own defect: {defect[1]})"
+                stopped += f" (the runtime's own defect: {defect})"
     return results

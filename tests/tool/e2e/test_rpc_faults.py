@@ -173,25 +173,25 @@ def test_the_cli_takes_known_layouts_only():
             serve_e2e._layouts(bad)
 
 
-def test_a_runtime_defect_listed_as_data_is_accepted_on_patched_only_as_pristine_does_it(fake, tmp_path, monkeypatch):
-    """A layout whose streaming control case ends the runtime (as on pristine) runs its idle case first,
-    and patched is accepted there only for doing exactly what the listed defect says."""
-    monkeypatch.setitem(rpc_faults.RUNTIME_DEFECTS, ("tp2", "collective-rpc-ok"), ("dies", "a listed defect"))
+def test_a_runtime_defect_listed_as_data_is_accepted_on_patched_only_with_its_traceback(fake, tmp_path, monkeypatch):
+    """A death in a layout with a listed runtime defect passes on patched only when the server's log
+    holds that defect's traceback; a hang, or a death without it, fails as ever."""
+    signature = r"AssertionError[\s\S]*KeyError: 'cmpl-"
+    monkeypatch.setitem(rpc_faults.RUNTIME_DEFECTS, "tp2", ("dies", "a listed defect", signature))
     monkeypatch.setattr(rpc_faults, "IDLE_FIRST", frozenset({"tp2"}))
     assert rpc_faults.case_order("tp2")[0] == "burst-idle" and rpc_faults.case_order("tp1") == rpc_faults.CASES
     adapter_dir = rpc_faults.adapter(tmp_path / "a")
+    fake.server.log = tmp_path / "server.log"
+    fake.server.log.write_text("INFO serving\n")
     up = rpc_faults.layout_results(fake.server, "tp2", True, 1, 3, adapter_dir)
     assert [r.name for r in up][:2] == ["tp2 burst-idle x3", "tp2 collective-rpc-ok"] and all(r.ok for r in up)
     fake.dead = True
     died = rpc_faults.layout_results(fake.server, "tp2", True, 1, 3, adapter_dir)
-    assert not died[0].ok  # the idle burst is judged as ever: dying there is the series' failure
-    fake.dead = False
-    monkeypatch.setitem(rpc_faults.RUNTIME_DEFECTS, ("tp2", "burst-idle"), ("dies", "a listed defect"))
-    fake.dead = True
+    assert not died[0].ok and not any(r.ok for r in died)  # no traceback of the defect: the series' failure
+    fake.server.log.write_text("AssertionError\n...\nKeyError: 'cmpl-1-0'\n")
     died = rpc_faults.layout_results(fake.server, "tp2", True, 1, 3, adapter_dir)
     assert died[0].ok and "the runtime's own defect, as on pristine: a listed defect" in died[0].detail
     assert all(r.ok and "(the runtime's own defect: a listed defect)" in r.detail for r in died[1:])
-    hung = rpc_faults.verdict(
-        "tp2", "burst-idle", True, rpc_faults.Observed(answers=[("/x", 0, 1.0, False)], health_after=200)
-    )
-    assert hung[0] is False  # a hang is not the listed death
+    log = fake.server.log.read_text()
+    hung = rpc_faults.Observed(answers=[("/x", 0, 1.0, False)], health_after=200)
+    assert rpc_faults.verdict("tp2", "burst-idle", True, hung, log)[0] is False  # a hang is not the listed death
