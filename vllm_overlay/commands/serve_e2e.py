@@ -61,6 +61,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--hang", action="store_true", help="also the hung-step scenario (a test model whose step blocks; two starts)"
     )
     parser.add_argument(
+        "--faults",
+        metavar="LAYOUTS",
+        type=_layouts,
+        default=None,
+        help="also failing utility and collective calls while clients stream, and bursts of them, on a server of "
+        "each layout given (tp1, tp2, pp2, comma-separated; two starts each; docs/e2e.md, 'Failing calls')",
+    )
+    parser.add_argument(
+        "--deep",
+        action="store_true",
+        help="with --faults: bursts of 1000 failing calls (CI makes 100 per burst)",
+    )
+    parser.add_argument(
         "--range-diff",
         action="store_true",
         help="apply both series (build/patched, build/cpu/patched) and print git range-diff of the carried "
@@ -123,6 +136,16 @@ def _output_problem(out: Path) -> str | None:
     return None
 
 
+def _layouts(text: str) -> str:
+    from vllm_overlay.e2e.rpc_faults import LAYOUTS
+
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in LAYOUTS]
+    if not names or unknown or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a comma-separated list of {', '.join(LAYOUTS)}")
+    return ",".join(names)
+
+
 def _engines(text: str) -> str:
     names = [name.strip() for name in text.split(",") if name.strip()]
     unknown = [name for name in names if name not in ("podman", "docker")]
@@ -179,6 +202,8 @@ def _serve(root: Path, args: argparse.Namespace) -> suite.Outcome:
             base=not args.no_base,
             verdicts=args.verdicts,
             image=args.image,
+            faults=args.faults,
+            deep=args.deep,
         ),
     )
 

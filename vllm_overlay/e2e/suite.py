@@ -44,6 +44,8 @@ class Options:
     out: Path | None = None
     verdicts: bool = False  # keep a passing run's verdict, and serve nothing when one is kept (e2e.verdict)
     image: str | None = None  # also serve from images built with these engines ("podman,docker"; e2e.container)
+    faults: str | None = None  # failing utility/collective calls on servers of these layouts ("tp1,tp2,pp2")
+    deep: bool = False  # the fault bursts at rpc_faults.BURST_DEEP calls instead of BURST_CI
 
 
 @dataclass
@@ -366,6 +368,8 @@ def run(root: Path, options: Options) -> Outcome:
         _streaming_input_sessions(outcome, options, runtimes, root, model, out)
     if options.tp:
         _tp_servers(outcome, options, pristine, patched, root, model, out)
+    if options.faults:
+        _fault_servers(outcome, options, runtimes, model, out)
     if options.image:
         image_scenarios(outcome, options, pristine, runtime_lock, context, model, out)
     if options.tamper:
@@ -475,6 +479,31 @@ def _tp_servers(
             0.0,
         )
     )
+
+
+def _fault_servers(outcome: Outcome, options: Options, runtimes: _Runtimes, model: Path, out: Path) -> None:
+    """For each layout of ``options.faults``, pristine then patched: one server, every case of
+    vllm_overlay.e2e.rpc_faults in order (failing calls while clients stream, bursts)."""
+    from vllm_overlay.e2e import rpc_faults
+
+    burst = rpc_faults.BURST_DEEP if options.deep else rpc_faults.BURST_CI
+    adapter_dir = rpc_faults.adapter(out / "lora-rank16")
+    for shape in (options.faults or "").split(","):
+        for label, env, is_patched in runtimes:
+            spec = rpc_faults.spec(env.python, model, f"{label} {shape}", shape)
+            with Timer(outcome, f"faults {shape} {label}"):
+                try:
+                    with running(spec, out / f"server-faults-{shape}-{label}.log", options.ready_timeout) as server:
+                        outcome.ready[f"{label} {shape} (faults)"] = server.ready_s or 0.0
+                        output.info(f"[e2e] {label} {shape} server ready in {server.ready_s:.0f}s at {server.url}")
+                        results = rpc_faults.layout_results(
+                            server, shape, is_patched, options.clients, burst, adapter_dir
+                        )
+                except ServerError as exc:
+                    results = [scenarios.Result(f"{shape} server-start", False, str(exc)[:500], 0.0)]
+            outcome.results[label] += results
+            for result in results:
+                output.info(f"[e2e]   {label} {result.name}: {'ok' if result.ok else 'FAILED'} ({result.detail})")
 
 
 def _tamper_patched(

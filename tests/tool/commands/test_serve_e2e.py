@@ -32,6 +32,8 @@ OPTIONS = (
     "--no-base",
     "--streaming-input",
     "--hang",
+    "--faults",
+    "--deep",
     "--range-diff",
     "--image",
     "--runtime-only",
@@ -97,7 +99,7 @@ def test_defaults_are_the_library_defaults(project, served):
 def test_every_flag_reaches_the_options(project, served, tmp_path):
     argv = ["serve-e2e", "--project", str(carried(project)), "--clients", "9", "--ready-timeout", "12.5"]
     argv += ["--no-tamper", "--out", str(tmp_path / "e2e"), "--tp", "--no-base", "--streaming-input", "--hang"]
-    argv += ["--image", "podman,docker", "--verdicts"]
+    argv += ["--image", "podman,docker", "--verdicts", "--faults", "pp2, tp1", "--deep"]
     assert cli.main(argv) == 0
     [(_, options)] = served.calls
     assert options == suite.Options(
@@ -111,7 +113,18 @@ def test_every_flag_reaches_the_options(project, served, tmp_path):
         base=False,
         verdicts=True,
         image="podman,docker",
+        faults="pp2,tp1",
+        deep=True,
     )
+
+
+@pytest.mark.parametrize("value", ["tp4", "tp1,tp1", ","])
+def test_a_fault_layout_list_other_than_tp1_tp2_pp2_is_refused(served, capsys, value):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["serve-e2e", "--faults", value])
+    assert exit_info.value.code == 2
+    assert f"{value!r}: expected a comma-separated list of tp1, tp2, pp2" in capsys.readouterr().err
+    assert served.calls == []
 
 
 def test_the_rendered_outcome_is_printed_and_a_failed_scenario_is_exit_1(project, served, capsys):
