@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vllm_overlay.e2e.scenarios import PROMPTS, Result
-from vllm_overlay.e2e.server import MODEL_NAME, Server, ServerError, ServerSpec, get
+from vllm_overlay.e2e.server import MODEL_NAME, Server, ServerError, ServerSpec, get, stream_events
 
 # Layout name -> (tensor parallel, pipeline parallel).
 LAYOUTS: dict[str, tuple[int, int]] = {"tp1": (1, 1), "tp2": (2, 1), "pp2": (1, 2)}
@@ -229,14 +229,7 @@ def stream_once(
     )
     chunks, finish = 0, None
     with urllib.request.urlopen(request, timeout=timeout) as response:
-        for raw in response:
-            line = raw.decode("utf-8").strip()
-            if not line.startswith("data:"):
-                continue
-            body = line[len("data:") :].strip()
-            if body == "[DONE]":
-                break
-            event = json.loads(body)
+        for event in stream_events(response):
             if "error" in event:
                 raise ServerError(f"stream error: {str(event['error'])[:200]}")
             choice = event["choices"][0]

@@ -18,9 +18,10 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 HOST = "127.0.0.1"
 MODEL_NAME = "tiny"
@@ -249,6 +250,18 @@ def post_json(url: str, payload: dict, timeout: float) -> tuple[int, dict | str]
         return exc.code, exc.read().decode("utf-8", errors="replace")
 
 
+def stream_events(response: Iterable[bytes]) -> Iterator[dict[str, Any]]:
+    """The JSON events of a server-sent event stream (an OpenAI streaming response), up to [DONE]."""
+    for raw in response:
+        line = raw.decode("utf-8").strip()
+        if not line.startswith("data:"):
+            continue
+        body = line[len("data:") :].strip()
+        if body == "[DONE]":
+            return
+        yield json.loads(body)
+
+
 def stream_completion(
     url: str, payload: dict, timeout: float, on_chunk: Callable[[], None] | None = None, every: int = 40
 ) -> tuple[list[str], float | None]:
@@ -263,14 +276,7 @@ def stream_completion(
     first: float | None = None
     chunks: list[str] = []
     with urllib.request.urlopen(request, timeout=timeout) as response:
-        for raw in response:
-            line = raw.decode("utf-8").strip()
-            if not line.startswith("data:"):
-                continue
-            body = line[len("data:") :].strip()
-            if body == "[DONE]":
-                break
-            event = json.loads(body)
+        for event in stream_events(response):
             if "error" in event:
                 raise ServerError(f"stream error: {event['error']}")
             text = event["choices"][0].get("text", "")
