@@ -266,3 +266,25 @@ def rank_output(rank: int, batch: Any, finished: set[str] | None) -> ModelRunner
         req_id_to_index={f"rank {rank} {batch}": 0},
         kv_connector_output=KVConnectorOutput(finished_sending=finished),
     )
+
+
+def as_the_engine_core(what: Callable[[], Any], bound_s: float = 10.0) -> Any:
+    """Run `what` on one thread, as the engine core's busy loop runs its
+    steps and utility calls (a blocking RPC first waits for the futures ahead
+    of it), and return what it returns within `bound_s` seconds."""
+    outcome: queue.Queue = queue.Queue()
+
+    def run() -> None:
+        try:
+            outcome.put(("result", what()))
+        except BaseException as e:
+            outcome.put(("error", e))
+
+    threading.Thread(target=run, daemon=True).start()
+    try:
+        kind, value = outcome.get(timeout=bound_s)
+    except queue.Empty:
+        pytest.fail(f"the engine core's thread did not come back within {bound_s}s")
+    if kind == "error":
+        raise value
+    return value

@@ -15,11 +15,10 @@ qeo_worker_pipeline.py for each seam and why.
 from __future__ import annotations
 
 import threading
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from qeo_worker_pipeline import GpuOutput, Pipeline, outcome_within_bound
+from qeo_worker_pipeline import GpuOutput, Pipeline, as_the_engine_core, outcome_within_bound
 
 
 def test_failure_not_held_behind_stuck_output(monkeypatch):
@@ -175,9 +174,7 @@ def test_failed_utility_call_behind_an_unsent_output_keeps_the_executor(monkeypa
                 return future_a.exception() or future_a.result(), e
             pytest.fail("add_lora returned although the worker rejected the adapter")
 
-        outcome = pipe.resolve_in_background(SimpleNamespace(result=engine_core)).get(timeout=10)
-        assert outcome[0] == "result", outcome
-        output_a, error = outcome[1]
+        output_a, error = as_the_engine_core(engine_core)
         assert output_a == "output of A"
         assert rejected in str(error)
         assert not pipe.executor.is_failed

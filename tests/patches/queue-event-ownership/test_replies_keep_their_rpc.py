@@ -18,11 +18,10 @@ each seam and why.
 from __future__ import annotations
 
 import time
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from qeo_worker_pipeline import Pipeline, rank_output
+from qeo_worker_pipeline import Pipeline, as_the_engine_core, rank_output
 from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
 
 
@@ -150,8 +149,7 @@ def test_pp2_batch_after_a_failed_utility_call_gets_its_own_output(monkeypatch):
                 pipe.executor.collective_rpc("add_lora", args=("lora",))
             return [f.result() for f in futures] + [pipe.executor.execute_model("C")]
 
-        outcome = pipe.resolve_in_background(SimpleNamespace(result=engine_core)).get(timeout=10)
-        assert outcome == ("result", ["rank 1 output of A", "rank 1 output of B", "rank 1 output of C"])
+        assert as_the_engine_core(engine_core) == ["rank 1 output of A", "rank 1 output of B", "rank 1 output of C"]
         assert not pipe.executor.is_failed
     finally:
         pipe.close()

@@ -22,12 +22,18 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 import vllm.distributed.device_communicators.shm_broadcast as shm_broadcast
-from qeo_worker_pipeline import DELIVERY_BOUND_S, GpuOutput, Pipeline, outcome_within_bound, rank_output
+from qeo_worker_pipeline import (
+    DELIVERY_BOUND_S,
+    GpuOutput,
+    Pipeline,
+    as_the_engine_core,
+    outcome_within_bound,
+    rank_output,
+)
 from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
 
 
@@ -410,28 +416,6 @@ def test_fault_tolerance_keeps_kv_notices_read_before_the_failure(monkeypatch):
 LORA_REJECTED = "LoRA rank 64 is greater than max_lora_rank 16"
 
 
-def _as_the_engine_core(what: Callable[[], Any], bound_s: float = 10.0) -> Any:
-    """Run `what` on one thread, as the engine core's busy loop runs its
-    steps and utility calls (a blocking RPC first waits for the futures ahead
-    of it), and return what it returns within `bound_s` seconds."""
-    outcome: queue.Queue = queue.Queue()
-
-    def run() -> None:
-        try:
-            outcome.put(("result", what()))
-        except BaseException as e:
-            outcome.put(("error", e))
-
-    threading.Thread(target=run, daemon=True).start()
-    try:
-        kind, value = outcome.get(timeout=bound_s)
-    except queue.Empty:
-        pytest.fail(f"the engine core's thread did not come back within {bound_s}s")
-    if kind == "error":
-        raise value
-    return value
-
-
 def _utility_outcome(pipe: Pipeline, method: str) -> tuple[str, Any]:
     """The utility RPC's outcome as its caller sees it."""
     try:
@@ -479,14 +463,14 @@ def test_failed_utility_call_while_a_batch_is_in_flight_keeps_the_executor(monke
             utility = _utility_outcome(pipe, "add_lora")
             return [f.exception() or f.result() for f in futures], utility
 
-        delivered, (kind, value) = _as_the_engine_core(engine_core)
+        delivered, (kind, value) = as_the_engine_core(engine_core)
         assert delivered == [f"output of {b}" for b in batches]
         assert kind == "error" and LORA_REJECTED in str(value), (kind, value)
         assert not pipe.executor.is_failed
         if layout.get("pipeline_parallel_size", 1) == 1:
             # At PP=2 0.33.0 takes the output rank's stale reply to add_lora
             # for the next batch's; test_replies_keep_their_rpc.py has that.
-            assert _as_the_engine_core(lambda: pipe.executor.execute_model("C")) == "output of C"
+            assert as_the_engine_core(lambda: pipe.executor.execute_model("C")) == "output of C"
     finally:
         release.set()
         pipe.close()
@@ -521,10 +505,10 @@ def test_back_to_back_failing_collective_calls_never_fill_a_queue(monkeypatch, c
     pipe = Pipeline(monkeypatch, step, world_size=2, async_scheduling=False)
     try:
         for _ in range(calls):
-            kind, value = _as_the_engine_core(lambda: _utility_outcome(pipe, "profile"))
+            kind, value = as_the_engine_core(lambda: _utility_outcome(pipe, "profile"))
             assert kind == "error" and PROFILER_OFF in str(value), (kind, value)
         if then_a_model_step:
-            assert _as_the_engine_core(lambda: pipe.executor.execute_model("B")) == "rank 0 output of B"
+            assert as_the_engine_core(lambda: pipe.executor.execute_model("B")) == "rank 0 output of B"
         assert not pipe.executor.is_failed
     finally:
         collective.abort()
