@@ -30,6 +30,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 HARNESS = REPO / "tests" / "patches" / "queue-event-ownership"
+SETTLE_S = 1.5
 
 
 def measure(tp_sizes: list[int], rpcs: int) -> dict[int, list[float]]:
@@ -53,6 +54,11 @@ def measure(tp_sizes: list[int], rpcs: int) -> dict[int, list[float]]:
                 timings[tp] = samples
             finally:
                 pipe.close()
+        # The closed pipeline's reader threads spin (sched_yield, holding the
+        # GIL between yields) until their queues' SpinCondition goes idle,
+        # busy_loop_s (1 s) after their last read: the next TP size is timed
+        # only after that.
+        time.sleep(SETTLE_S)
     return timings
 
 
@@ -68,6 +74,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--python", default=sys.executable, help="interpreter whose installed vllm is pristine")
     parser.add_argument("--tree", help="patched vLLM tree laid over it (scripts/with-patched-vllm)")
+    parser.add_argument(
+        "--before", help="an earlier revision's patched tree, timed in the same alternation (before/after figures)"
+    )
     parser.add_argument("--tp", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--rpcs", type=int, default=400)
     parser.add_argument("--rounds", type=int, default=5)
@@ -81,9 +90,12 @@ def main() -> int:
     if not args.tree:
         parser.error("--tree is required (the patched tree to compare with pristine)")
 
-    results: dict[str, list[dict[int, float]]] = {"pristine": [], "patched": []}
+    sides: list[tuple[str, str | None]] = [("pristine", None), ("patched", args.tree)]
+    if args.before:
+        sides.append(("before", args.before))
+    results: dict[str, list[dict[int, float]]] = {side: [] for side, _ in sides}
     for rnd in range(args.rounds):
-        for side, tree in (("pristine", None), ("patched", args.tree)):
+        for side, tree in sides:
             medians = run_side(args.python, tree, args.tp, args.rpcs)
             results[side].append(medians)
             shown = "  ".join(f"TP={tp} {us:7.1f} us" for tp, us in medians.items())
@@ -91,9 +103,21 @@ def main() -> int:
     print(f"median per RPC over {args.rounds} rounds of {args.rpcs} sequential execute_model RPCs:")
     for tp in args.tp:
         pristine = statistics.median(r[tp] for r in results["pristine"])
-        patched = statistics.median(r[tp] for r in results["patched"])
-        difference = patched - pristine
-        print(f"  TP={tp}: pristine {pristine:7.1f} us  patched {patched:7.1f} us  difference {difference:+6.1f} us")
+        line = f"  TP={tp}: pristine {pristine:7.1f} us"
+        for side in [s for s in results if s != "pristine"]:
+            value = statistics.median(r[tp] for r in results[side])
+            line += f"  {side} {value:7.1f} us ({value - pristine:+6.1f} us)"
+        print(line)
+    # On a shared machine some rounds are slowed by other work; the least
+    # disturbed round of each side is the closest to an idle machine.
+    print(f"fastest round of {args.rounds}:")
+    for tp in args.tp:
+        pristine = min(r[tp] for r in results["pristine"])
+        line = f"  TP={tp}: pristine {pristine:7.1f} us"
+        for side in [s for s in results if s != "pristine"]:
+            value = min(r[tp] for r in results[side])
+            line += f"  {side} {value:7.1f} us ({value - pristine:+6.1f} us)"
+        print(line)
     return 0
 
 
