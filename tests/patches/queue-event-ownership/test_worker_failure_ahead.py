@@ -525,3 +525,39 @@ def test_shutdown_ends_a_remote_readers_poll():
         pytest.fail(f"poll() still waited {DELIVERY_BOUND_S}s after shutdown()")
     with pytest.raises(RuntimeError, match="cancelled"):
         reader.poll(0.0)
+
+
+def test_overflow_payload_later_than_the_timeout_is_read_whole():
+    """A reader's dequeue(timeout=0.1) takes the slot of a 32 MiB message
+    (above the queue's max_chunk_bytes, so its payload travels over the
+    socket) whose payload comes 0.4 s after the slot. 0.33.0 raises
+    TimeoutError with the slot consumed: the message is lost and the next
+    large message's reader gets its payload. The series waits for the
+    payload once the slot is taken, so each message reaches its own dequeue.
+    (The executor's first 50 ms of a wait are such a dequeue.) Local reader,
+    real shared memory and socket; the delay is the only thing added."""
+    size = 32 * 1024 * 1024
+    writer = shm_broadcast.MessageQueue(1, 1)
+    reader = shm_broadcast.MessageQueue.create_from_handle(writer.export_handle(), 0)
+    handshake = threading.Thread(target=reader.wait_until_ready, daemon=True)
+    handshake.start()
+    writer.wait_until_ready()
+    handshake.join(timeout=10)
+    assert not handshake.is_alive(), "message queue handshake did not finish"
+    delayed = DelayedPayloadSocket(writer.local_socket, delay_s=0.4)
+    delayed.delays_left = 2
+    writer.local_socket = delayed
+    try:
+        for name in ("first", "second"):
+            threading.Thread(target=writer.enqueue, args=((name, b"x" * size),), daemon=True).start()
+            got = None
+            deadline = time.monotonic() + 3
+            while got is None and time.monotonic() < deadline:
+                try:
+                    got = reader.dequeue(timeout=0.1)
+                except TimeoutError:
+                    continue
+            assert got is not None, f"{name}: nothing read within 3 s"
+            assert got[0] == name and len(got[1]) == size, f"{name}: got the message {got[0]!r}"
+    finally:
+        writer.local_socket = writer.local_socket.socket
