@@ -7,13 +7,18 @@ real WorkerProc ranks (built through tests/patches/queue-event-ownership/
 qeo_worker_pipeline.py: real output threads and shared-memory queues, the
 ranks' busy loops as threads of the same process, the GPU worker a stand-in
 that answers at once). It times N sequential execute_model RPCs (fault
-tolerance off, sync scheduling; one reply, from the output rank, as vLLM
-sends them) and prints the median and p90 in microseconds per TP size.
+tolerance off; sync scheduling, or --async-scheduling where each rank's
+output thread sends its outputs; one reply, from the output rank, as vLLM
+sends them) and prints the median in microseconds per TP size.
 
 Sides alternate, process by process, for --rounds rounds, so drift of the
-machine hits both alike; the last lines are the medians over rounds and the
-patched - pristine difference. A tree is laid over the installed vllm with
-scripts/with-patched-vllm; pristine is the installed vllm itself.
+machine hits them alike (--before adds an earlier revision's tree to the
+alternation). Printed last: the medians over rounds, and the fastest round
+of each side: on a shared 2-core machine a round is sometimes slowed
+several-fold by other work (a run's ranks are threads that spin while they
+wait), and the least disturbed round is the closest to an idle machine.
+A tree is laid over the installed vllm with scripts/with-patched-vllm;
+pristine is the installed vllm itself.
 
     python3 benchmarks/executor_rpc_cost.py --python ENV/bin/python --tree build/patched
 """
@@ -33,7 +38,7 @@ HARNESS = REPO / "tests" / "patches" / "queue-event-ownership"
 SETTLE_S = 1.5
 
 
-def measure(tp_sizes: list[int], rpcs: int) -> dict[int, list[float]]:
+def measure(tp_sizes: list[int], rpcs: int, async_scheduling: bool = False) -> dict[int, list[float]]:
     """Per TP size, the wall time of each execute_model RPC, in seconds."""
     sys.path.insert(0, str(HARNESS))
     import pytest
@@ -42,7 +47,9 @@ def measure(tp_sizes: list[int], rpcs: int) -> dict[int, list[float]]:
     timings: dict[int, list[float]] = {}
     for tp in tp_sizes:
         with pytest.MonkeyPatch.context() as monkeypatch:
-            pipe = Pipeline(monkeypatch, lambda rank, method, batch: batch, world_size=tp, async_scheduling=False)
+            pipe = Pipeline(
+                monkeypatch, lambda rank, method, batch: batch, world_size=tp, async_scheduling=async_scheduling
+            )
             try:
                 for i in range(50):  # warm-up
                     pipe.executor.execute_model(i)
@@ -62,8 +69,12 @@ def measure(tp_sizes: list[int], rpcs: int) -> dict[int, list[float]]:
     return timings
 
 
-def run_side(python: str, tree: str | None, tp_sizes: list[int], rpcs: int) -> dict[int, float]:
+def run_side(
+    python: str, tree: str | None, tp_sizes: list[int], rpcs: int, async_scheduling: bool = False
+) -> dict[int, float]:
     cmd = [python, __file__, "--child", "--rpcs", str(rpcs), "--tp", *map(str, tp_sizes)]
+    if async_scheduling:
+        cmd.append("--async-scheduling")
     if tree:
         cmd = [str(REPO / "scripts" / "with-patched-vllm"), "--tree", tree, "--", *cmd]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
@@ -80,11 +91,16 @@ def main() -> int:
     parser.add_argument("--tp", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--rpcs", type=int, default=400)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--async-scheduling",
+        action="store_true",
+        help="the ranks as with async scheduling (outputs sent by each rank's output thread)",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.child:
-        timings = measure(args.tp, args.rpcs)
+        timings = measure(args.tp, args.rpcs, args.async_scheduling)
         print(json.dumps({tp: statistics.median(s) * 1e6 for tp, s in timings.items()}))
         return 0
     if not args.tree:
@@ -96,7 +112,7 @@ def main() -> int:
     results: dict[str, list[dict[int, float]]] = {side: [] for side, _ in sides}
     for rnd in range(args.rounds):
         for side, tree in sides:
-            medians = run_side(args.python, tree, args.tp, args.rpcs)
+            medians = run_side(args.python, tree, args.tp, args.rpcs, args.async_scheduling)
             results[side].append(medians)
             shown = "  ".join(f"TP={tp} {us:7.1f} us" for tp, us in medians.items())
             print(f"round {rnd + 1} {side:8s} {shown}", flush=True)

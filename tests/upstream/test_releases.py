@@ -119,7 +119,12 @@ OLDER = {  # the rows 0.31.0 and 0.30.0 share
     DRAFT_MOE: ("conflict", "resolve", UNQUANTIZED_ORACLE),
     BYTES: ("conflict", "resolve", ALIGN),
     REPLIES: ("conflict", "resolve", COLLECTIVE_RPC),
-    FAILURE: ("conflict", "resolve", EXECUTOR),
+    # The failure patch reads an overflow payload whole in MessageQueue.dequeue, which differs before 0.32.0.
+    FAILURE: (
+        "conflict",
+        "resolve",
+        EXECUTOR | {"vllm.distributed.device_communicators.shm_broadcast:MessageQueue.dequeue"},
+    ),
     ASYNC_FAILURE: ("conflict", "resolve", ENQUEUE_OUTPUT),
     PROGRESS: ("conflict", "resolve", PROGRESS_NOW | {"vllm.v1.engine:EngineCoreOutputs"}),
 }
