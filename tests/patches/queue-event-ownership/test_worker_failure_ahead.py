@@ -494,19 +494,26 @@ def test_back_to_back_failing_collective_calls_never_fill_a_queue(monkeypatch, c
         pipe.close()
 
 
-def test_shutdown_ends_a_remote_readers_poll():
-    """A caller waiting on a rank of another node (a remote reader of its
-    response queue, as the leader reads remote ranks with nnodes_within_dp >
-    1) polls that rank's socket; shutdown() from another thread must end the
-    wait with 0.33.0's RuntimeError("cancelled"), as it ends a local reader's,
-    also before any message came. Loopback only."""
-    writer = shm_broadcast.MessageQueue(1, 0, connect_ip="127.0.0.1")
+def connected_queue(n_local_reader: int, **kwargs: Any) -> tuple[Any, Any]:
+    """A real MessageQueue with one reader (local, or remote when
+    n_local_reader is 0), its handshake done."""
+    writer = shm_broadcast.MessageQueue(1, n_local_reader, **kwargs)
     reader = shm_broadcast.MessageQueue.create_from_handle(writer.export_handle(), 0)
     handshake = threading.Thread(target=reader.wait_until_ready, daemon=True)
     handshake.start()
     writer.wait_until_ready()
     handshake.join(timeout=10)
     assert not handshake.is_alive(), "message queue handshake did not finish"
+    return writer, reader
+
+
+def test_shutdown_ends_a_remote_readers_poll():
+    """A caller waiting on a rank of another node (a remote reader of its
+    response queue, as the leader reads remote ranks with nnodes_within_dp >
+    1) polls that rank's socket; shutdown() from another thread must end the
+    wait with 0.33.0's RuntimeError("cancelled"), as it ends a local reader's,
+    also before any message came. Loopback only."""
+    writer, reader = connected_queue(n_local_reader=0, connect_ip="127.0.0.1")
 
     outcome: queue.Queue = queue.Queue()
 
@@ -537,13 +544,7 @@ def test_overflow_payload_later_than_the_timeout_is_read_whole():
     (The executor's first 50 ms of a wait are such a dequeue.) Local reader,
     real shared memory and socket; the delay is the only thing added."""
     size = 32 * 1024 * 1024
-    writer = shm_broadcast.MessageQueue(1, 1)
-    reader = shm_broadcast.MessageQueue.create_from_handle(writer.export_handle(), 0)
-    handshake = threading.Thread(target=reader.wait_until_ready, daemon=True)
-    handshake.start()
-    writer.wait_until_ready()
-    handshake.join(timeout=10)
-    assert not handshake.is_alive(), "message queue handshake did not finish"
+    writer, reader = connected_queue(n_local_reader=1)
     delayed = DelayedPayloadSocket(writer.local_socket, delay_s=0.4)
     delayed.delays_left = 2
     writer.local_socket = delayed
