@@ -137,7 +137,8 @@ def judge(
             if entry is None or (slower and qf["seconds"] > FLUSH_TIMEOUT_S + FLUSH_SLACK_S):
                 took = f"{qf['seconds']:.3f} s" if qf else "-"
                 ptook = f"{pf['seconds']:.3f} s" if pf else "-"
-                kind = f"flush: {qk} where pristine {pk}" + (" (slower)" if slower else "")
+                # The kind leaves out how much slower (timing): a replay must raise the same kind.
+                kind = f"flush: {qk} where pristine {pk}" if pk != qk else f"flush: slower than pristine's {pk}"
                 message = (
                     f"{what}: flush {qk} in {took} ({qf.get('text', '') if qf else ''}),"
                     f" pristine {pk} in {ptook} ({backend} backend)"
