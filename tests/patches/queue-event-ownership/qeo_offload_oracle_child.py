@@ -65,14 +65,14 @@ from typing import Any
 # A caller that gets nothing within WAIT_BOUND_S has hung. flush_timeout_s (the
 # patched tree's bound on a CPU-mode flush) is well inside it.
 WAIT_BOUND_S = 2.5
-FLUSH_TIMEOUT_S = 1.0
+FLUSH_TIMEOUT_S = 0.5
 # "lag": the copy engine's launches are held this long (a slow copy engine).
 LAG_S = 0.3
 # A launch held with no release gives up after this (only so no thread outlives the child).
 HOLD_MAX_S = 30.0
 # How long the driver waits for the worker to report a store before it offers a
 # load of it, while launches are held (nothing more can complete) or not.
-OFFER_HELD_S = 0.3
+OFFER_HELD_S = 0.2
 OFFER_FREE_S = 2.0
 # Waits for the copy threads to reach a quiet point before a launch is held.
 IDLE_BOUND_S = 2.0
@@ -125,6 +125,8 @@ class CopyEngine:
             self.blocks_copied += len(src_blocks)
 
     def hold(self, for_s: float | None) -> None:
+        if self.timer is not None:
+            self.timer.cancel()  # a lag still running becomes this hold
         self.released.clear()
         if for_s is not None:
             self.timer = threading.Timer(for_s, self.released.set)
@@ -353,7 +355,12 @@ class Sequence:
         return True
 
     def wait_idle(self) -> None:
-        """Before a launch is held: let the copy threads finish what was submitted (bounded)."""
+        """Before a launch is held: let the copy threads finish what was submitted (bounded).
+
+        Already held, nothing more can finish, and what is queued is known.
+        """
+        if self.engine.held:
+            return
         deadline = time.monotonic() + IDLE_BOUND_S
         while self.engine.blocks_copied < self.blocks_submitted and time.monotonic() < deadline:
             time.sleep(0.005)

@@ -30,10 +30,11 @@ from __future__ import annotations
 
 from typing import Any
 
+# A listed "slower" flush may take up to the flush_timeout_s the sequence configures, plus FLUSH_SLACK_S.
+from qeo_offload_oracle_child import FLUSH_TIMEOUT_S
+
 # How much longer than pristine's a flush may take before it is a cost the patch must list.
 FLUSH_SLACK_S = 0.2
-# A listed "slower" flush may take up to the patched tree's flush_timeout_s plus this.
-FLUSH_TIMEOUT_S = 1.0
 NOT_RUN = ("skipped",)
 
 
