@@ -41,7 +41,7 @@ CHILD = HERE / "qeo_offload_oracle_child.py"
 DIFFERENCES = intended_differences(HERE / "oracle-differences.toml")
 # A sequence's trace must come back within this (every wait inside is bounded).
 SEQUENCE_BOUND_S = 90.0
-CI_EXAMPLES = 400
+CI_EXAMPLES = 300
 DEEP_EXAMPLES = 3000
 
 configs = st.fixed_dictionaries({"backend": st.sampled_from(["cpu", "disk"])})

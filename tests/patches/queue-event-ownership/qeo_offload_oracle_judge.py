@@ -140,10 +140,8 @@ def judge(
                 ptook = f"{pf['seconds']:.3f} s" if pf else "-"
                 # The kind leaves out how much slower (timing): a replay must raise the same kind.
                 kind = f"flush: {qk} where pristine {pk}" if pk != qk else f"flush: slower than pristine's {pk}"
-                message = (
-                    f"{what}: flush {qk} in {took} ({qf.get('text', '') if qf else ''}),"
-                    f" pristine {pk} in {ptook} ({backend} backend)"
-                )
+                text = f" ({qf['text']})" if qf and qf.get("text") else ""
+                message = f"{what}: flush {qk} in {took}{text}, pristine {pk} in {ptook} ({backend} backend)"
                 problems.append((kind, message))
                 continue
             if entry.get("stops"):
