@@ -127,6 +127,7 @@ class CopyEngine:
     def hold(self, for_s: float | None) -> None:
         if self.timer is not None:
             self.timer.cancel()  # a lag still running becomes this hold
+            self.timer = None
         self.released.clear()
         if for_s is not None:
             self.timer = threading.Timer(for_s, self.released.set)
@@ -136,11 +137,17 @@ class CopyEngine:
     def release(self) -> None:
         if self.timer is not None:
             self.timer.cancel()
+            self.timer = None
         self.released.set()
 
     @property
     def held(self) -> bool:
         return not self.released.is_set()
+
+    @property
+    def held_until_released(self) -> bool:
+        """Held with no lag timer: nothing launches until a release."""
+        return self.held and self.timer is None
 
 
 class Seams:
@@ -378,7 +385,8 @@ class Sequence:
                     store_ops = sorted(self.stores)
                     if op.get("load") is not None and store_ops:
                         load_of = store_ops[op["load"] % len(store_ops)]
-                        bound = OFFER_HELD_S if self.engine.held else OFFER_FREE_S
+                        # Held for good: nothing more completes; lagging: wait past the lag.
+                        bound = OFFER_HELD_S if self.engine.held_until_released else OFFER_FREE_S
                         if not self.empty_steps_until(lambda j=load_of: self.stores[j]["reports"] > 0, bound, i):
                             # The scheduler offers only stores the worker reported done.
                             load_of = None
