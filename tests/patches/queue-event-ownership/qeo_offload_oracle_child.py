@@ -34,7 +34,9 @@ modules' ``build_params`` / ``copy_blocks`` (cuMemcpyBatchAsync: here a
 synchronous CPU copy of the same blocks, so bytes really move), ``pin_tensor``
 (cudaHostRegister) and ``current_platform.set_device`` (the IO thread's first
 CUDA call, a no-op here). A copy launch can be held (a launch that does not
-return) or held for LAG_S (a slow copy engine): ops "hold", "lag", "release".
+return) or lag (held until LAG_S after the next flush starts: a slow copy
+engine the flush must wait for, the same queue at the flush on both trees):
+ops "hold", "lag", "release".
 
 The trace says what each caller got: each step's outcome and, for a step that
 asked for a preemption flush, how the flush ended (returned, raised, or
@@ -66,7 +68,8 @@ from typing import Any
 # patched tree's bound on a CPU-mode flush) is well inside it.
 WAIT_BOUND_S = 2.5
 FLUSH_TIMEOUT_S = 0.5
-# "lag": the copy engine's launches are held this long (a slow copy engine).
+# "lag": the copy engine's launches are held until this long after the next flush
+# starts (a slow copy engine that a flush has to wait for).
 LAG_S = 0.3
 # A launch held with no release gives up after this (only so no thread outlives the child).
 HOLD_MAX_S = 30.0
@@ -98,6 +101,7 @@ class CopyEngine:
         self.released = threading.Event()
         self.released.set()
         self.timer: threading.Timer | None = None
+        self.lag_pending = False
         self.lock = threading.Lock()
         self.blocks_copied = 0
         # gpu block -> steps of the compute-done records its store waited on
@@ -124,13 +128,18 @@ class CopyEngine:
         with self.lock:
             self.blocks_copied += len(src_blocks)
 
-    def hold(self, for_s: float | None) -> None:
+    def hold(self, lag: bool) -> None:
+        """Hold launches; a lag ends LAG_S after the next flush starts (so both trees flush with the same queue)."""
         if self.timer is not None:
-            self.timer.cancel()  # a lag still running becomes this hold
+            self.timer.cancel()
             self.timer = None
         self.released.clear()
-        if for_s is not None:
-            self.timer = threading.Timer(for_s, self.released.set)
+        self.lag_pending = lag
+
+    def flush_starts(self) -> None:
+        if self.lag_pending and self.held:
+            self.lag_pending = False
+            self.timer = threading.Timer(LAG_S, self.released.set)
             self.timer.daemon = True
             self.timer.start()
 
@@ -138,16 +147,12 @@ class CopyEngine:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+        self.lag_pending = False
         self.released.set()
 
     @property
     def held(self) -> bool:
         return not self.released.is_set()
-
-    @property
-    def held_until_released(self) -> bool:
-        """Held with no lag timer: nothing launches until a release."""
-        return self.held and self.timer is None
 
 
 class Seams:
@@ -321,6 +326,7 @@ class Sequence:
             submitted = set(self.stores) | {i for i in self.loads if self.loads[i]["issued"]}
             submitted.discard(index)
             held = self.engine.held
+            self.engine.flush_starts()
             flush_outcome = bounded(lambda: self.connector.handle_preemptions(meta), WAIT_BOUND_S)
             flush_outcome.pop("value", None)
             flush_outcome["held"] = held
@@ -385,8 +391,8 @@ class Sequence:
                     store_ops = sorted(self.stores)
                     if op.get("load") is not None and store_ops:
                         load_of = store_ops[op["load"] % len(store_ops)]
-                        # Held for good: nothing more completes; lagging: wait past the lag.
-                        bound = OFFER_HELD_S if self.engine.held_until_released else OFFER_FREE_S
+                        # Held (or lagging until a flush): nothing more completes meanwhile.
+                        bound = OFFER_HELD_S if self.engine.held and self.engine.timer is None else OFFER_FREE_S
                         if not self.empty_steps_until(lambda j=load_of: self.stores[j]["reports"] > 0, bound, i):
                             # The scheduler offers only stores the worker reported done.
                             load_of = None
@@ -418,7 +424,7 @@ class Sequence:
                     )
                 elif kind in ("hold", "lag"):
                     self.wait_idle()
-                    self.engine.hold(LAG_S if kind == "lag" else None)
+                    self.engine.hold(lag=kind == "lag")
                     outcomes[i] = {"kind": "none"}
                 elif kind == "release":
                     self.engine.release()
