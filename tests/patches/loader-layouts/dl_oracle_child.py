@@ -342,7 +342,8 @@ class Case:
                 continue
             try:
                 with torch.no_grad():
-                    out[name] = digest(compute())
+                    value = compute()
+                    out[name] = f"{digest(value)} of shape {list(value.shape)}"
             except Exception as e:
                 out[name] = f"{type(e).__name__}: {normalized(str(e))}"[:300]
         return out
