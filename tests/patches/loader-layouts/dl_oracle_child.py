@@ -52,6 +52,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -113,6 +114,7 @@ class Case:
         self.own_embed_w = rand(VOCAB, HIDDEN)
         self.own_head_w = rand(VOCAB, HIDDEN)
         self.tensors: dict[str, Any] = {}
+        self.folder: Path | None = None
 
     def checkpoint_weight(self, which: str):
         """What the checkpoint gives the draft's ``which`` ("lm_head" or "embed_tokens"), or None."""
@@ -128,7 +130,7 @@ class Case:
         import torch
         from draft_loading import write_checkpoint
 
-        folder = Path(tempfile.mkdtemp(dir=WORK))
+        folder = self.folder = Path(tempfile.mkdtemp(dir=WORK))
         rand = generator("weights")
         head, embed = self.checkpoint_weight("lm_head"), self.checkpoint_weight("embed_tokens")
         if self.draft_kind == "eagle3":
@@ -389,11 +391,15 @@ def main() -> None:
             monkeypatch = pytest.MonkeyPatch()
             records.lines = []
             processed.clear()
+            case = Case(request["config"])
             try:
-                trace = Case(request["config"]).run(monkeypatch, processed, records)
+                trace = case.run(monkeypatch, processed, records)
             except Exception:
                 trace = {"crash": traceback.format_exc()}
             finally:
+                # The checkpoint is read at load: a long run leaves no folders behind.
+                if case.folder is not None:
+                    shutil.rmtree(case.folder, ignore_errors=True)
                 monkeypatch.undo()
                 selector._cached_get_attn_backend.cache_clear()
                 processed.clear()
