@@ -115,30 +115,10 @@ def ple_builders():
 @pytest.fixture(scope="module")
 def gloo_world():
     """A real single-process gloo world (TP=PP=1) for loading drafts on CPU."""
-    import contextlib
-    import os
-    import tempfile
+    from draft_loading import gloo_world as world
 
-    from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
-    from vllm.distributed import cleanup_dist_env_and_memory, init_distributed_environment, initialize_model_parallel
-
-    fd, store = tempfile.mkstemp()
-    os.close(fd)
-    try:
-        with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
-            init_distributed_environment(
-                world_size=1,
-                rank=0,
-                local_rank=0,
-                distributed_init_method=f"file://{store}",
-                backend="gloo",
-            )
-            initialize_model_parallel(1, 1)
+    with world():
         yield
-        cleanup_dist_env_and_memory()
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(store)
 
 
 @pytest.fixture
@@ -160,21 +140,13 @@ def shell_eagle_proposer():
 
 @pytest.fixture
 def cpu_attention_backend(monkeypatch: pytest.MonkeyPatch):
-    """Lets a draft or target with attention layers be built on this CPU-only machine.
+    """Lets a draft or target with attention layers be built on this CPU-only machine
+    (``draft_loading.use_cpu_attention_backend`` says how and why)."""
+    from draft_loading import use_cpu_attention_backend
 
-    ``Attention`` asks the platform for a backend; with no accelerator the
-    platform is ``UnspecifiedPlatform``, which offers none ("Invalid attention
-    backend for None"). Only its ``get_attn_backend_cls`` is replaced by
-    ``CpuPlatform``'s -- vLLM's own selector tests put ``CpuPlatform`` in place
-    for the same reason -- so every other platform query is unchanged. The
-    attention layers are built, never run.
-    """
-    from vllm.platforms import current_platform
-    from vllm.platforms.cpu import CpuPlatform
+    yield use_cpu_attention_backend(monkeypatch)
     from vllm.v1.attention import selector
 
-    monkeypatch.setattr(current_platform, "get_attn_backend_cls", CpuPlatform.get_attn_backend_cls)
-    yield
     # The selector caches its answer without the platform in the key.
     selector._cached_get_attn_backend.cache_clear()
 
@@ -182,28 +154,7 @@ def cpu_attention_backend(monkeypatch: pytest.MonkeyPatch):
 @pytest.fixture
 def shell_proposer():
     """Call with ``(proposer_class, vllm_config)``: a real v1 proposer built without
-    ``__init__``, so that its real ``load_model`` can run on the CPU.
-
-    ``SpecDecodeBaseProposer.__init__`` allocates pinned host buffers
-    (``CpuGpuBuffer``, ``pin_memory=True`` here), and pinning needs a CUDA
-    driver. The shell gets the attributes ``__init__`` sets that ``load_model``
-    and the sharing steps read, computed from the config as ``__init__``
-    computes them; every method is the class's own.
-    """
-
-    def build(proposer_class: type, vllm_config, *, pass_hidden_states_to_model: bool = True):
-        speculative_config = vllm_config.speculative_config
-        proposer = object.__new__(proposer_class)
-        proposer.vllm_config = vllm_config
-        proposer.speculative_config = speculative_config
-        proposer.draft_model_config = speculative_config.draft_model_config
-        proposer.method = speculative_config.method
-        proposer.pass_hidden_states_to_model = pass_hidden_states_to_model
-        proposer.supports_mm_inputs = vllm_config.model_config.supports_multimodal_inputs
-        proposer.parallel_drafting = speculative_config.parallel_drafting
-        proposer.parallel_drafting_hidden_state_tensor = None
-        proposer.use_local_argmax_reduction = speculative_config.use_local_argmax_reduction
-        proposer._share_mtp_indices = False
-        return proposer
+    ``__init__`` (``draft_loading.shell_proposer`` says why)."""
+    from draft_loading import shell_proposer as build
 
     return build
