@@ -251,7 +251,9 @@ def test_draft_left_without_a_head_is_refused_when_asked(gloo_world, tmp_path, s
         _shared_with_headless_target(tmp_path, shell_eagle_proposer, refuse_uninitialized_draft_weights=True)
 
 
-def _start_headless_target_draft(tmp_path, runner: str, shell_proposer, **speculative_options):
+def _start_headless_target_draft(
+    tmp_path, runner: str, shell_proposer, *, target_embed_tokens: torch.nn.Module | None = None, **speculative_options
+):
     """Start an EAGLE-3 draft without an lm_head in its checkpoint beside a
     target without one, through the runner's own load path: the v1
     EagleProposer.load_model (shares nothing, the target has no lm_head) or the
@@ -270,7 +272,7 @@ def _start_headless_target_draft(tmp_path, runner: str, shell_proposer, **specul
         _draft_weights(),
     )
     vllm_config = speculative_vllm_config(target_path, "eagle3", draft_path, **speculative_options)
-    target = _TargetWithoutHead()
+    target = _TargetWithoutHead(target_embed_tokens)
     with set_current_vllm_config(vllm_config):
         if runner == "v1":
             proposer = shell_proposer(EagleProposer, vllm_config)
@@ -291,6 +293,21 @@ def test_draft_whose_head_the_target_cannot_replace_starts_as_on_0_33_0(gloo_wor
     assert draft.has_own_lm_head is False
     assert isinstance(draft.lm_head, ParallelLMHead)
     assert draft.model.embed_tokens is target.model.embed_tokens
+
+
+def test_draft_narrower_than_its_target_keeps_its_own_embedding(gloo_world, tmp_path, shell_proposer):
+    """Found by the draft-loader oracle (docs/oracle.md). An EAGLE-3 draft
+    narrower than its target (hidden size 64 against 96) whose checkpoint has
+    no embedding, on the v1 runner: 0.33.0's width check in
+    _maybe_share_embeddings keeps the draft's own embedding, since the
+    target's cannot feed it. With the embedding set aside by the loader, the
+    check found none and shared the target's 96-wide one; it must look at the
+    one set aside, and the draft start with an embedding of its own width."""
+    wide = torch.nn.Embedding(VOCAB, HIDDEN + 32)
+    draft, target = _start_headless_target_draft(tmp_path, "v1", shell_proposer, target_embed_tokens=wide)
+
+    assert draft.model.embed_tokens is not target.model.embed_tokens
+    assert draft.model.embed_tokens.weight.shape[-1] == HIDDEN
 
 
 @pytest.mark.parametrize("runner", ["v1", "v2"])
