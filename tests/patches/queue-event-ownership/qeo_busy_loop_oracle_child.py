@@ -38,6 +38,7 @@ engine was idle.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import os
 import queue
@@ -185,11 +186,20 @@ class Sequence:
     def sample(self, client: Any) -> None:
         """Patched only: the progress check's answer, as AsyncLLM.progress_status computes it."""
         view = client.engine_progress
-        engines = [int.from_bytes(identity, "little") for identity in client.core_engines]
-        while not self.stop.is_set() and not self.sampling.is_set():
-            s = view.status(num_active_requests=0, stall_timeout_s=TIMEOUT_S, engine_indices=engines)
-            self.samples.append([time.monotonic(), s.stalled, round(s.seconds_without_progress, 3), s.stuck_in])
-            time.sleep(SAMPLE_S)
+        kwargs: dict[str, Any] = {"num_active_requests": 0, "stall_timeout_s": TIMEOUT_S}
+        if "engine_indices" in inspect.signature(view.status).parameters:
+            # The engines requests are routed to (the patch's revisions before
+            # the elastic EP scale down judged every engine heard from).
+            kwargs["engine_indices"] = [int.from_bytes(identity, "little") for identity in client.core_engines]
+        try:
+            while not self.stop.is_set() and not self.sampling.is_set():
+                s = view.status(**kwargs)
+                self.samples.append(
+                    [time.monotonic(), s.stalled, round(s.seconds_without_progress, 3), getattr(s, "stuck_in", "")]
+                )
+                time.sleep(SAMPLE_S)
+        except Exception:
+            self.sample_error = traceback.format_exc()[-1000:]
 
     def call(self, client: Any, name: str, bound: float = UTILITY_BOUND_S) -> dict:
         method, args = UTILITIES.get(name, (name, ()))
@@ -280,6 +290,7 @@ class Sequence:
             "idle_windows": self.idle_windows,
             "timeout_s": TIMEOUT_S,
             "engine_error": getattr(self, "engine_error", None),
+            "sample_error": getattr(self, "sample_error", None),
         }
 
     def do(self, client: Any, i: int, op: dict) -> dict:

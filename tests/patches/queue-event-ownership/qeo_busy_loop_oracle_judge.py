@@ -143,6 +143,8 @@ def progress_problems(trace: dict[str, Any], entry: dict[str, Any]) -> list[tupl
                 )
             )
             break
+    if trace.get("sample_error"):
+        found.append(("progress check raised", f"the progress check raised: {trace['sample_error']}"))
     reports = trace["progress"]["reports"]
     for start, end in trace["idle_windows"]:
         n = sum(1 for t, _ in reports if start + IDLE_SETTLE_S <= t <= end)
