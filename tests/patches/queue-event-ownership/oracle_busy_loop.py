@@ -43,7 +43,7 @@ CHILD = HERE / "qeo_busy_loop_oracle_child.py"
 DIFFERENCES = intended_differences(HERE / "oracle-differences.toml")
 # A sequence's trace must come back within this (every wait inside is bounded).
 SEQUENCE_BOUND_S = 120.0
-CI_EXAMPLES = 40
+CI_EXAMPLES = 30
 DEEP_EXAMPLES = 300
 
 configs = st.fixed_dictionaries({"max_num_seqs": st.integers(min_value=1, max_value=4)})
