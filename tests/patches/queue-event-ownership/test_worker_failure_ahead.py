@@ -513,7 +513,7 @@ def test_shutdown_ends_a_remote_readers_poll():
     1) polls that rank's socket; shutdown() from another thread must end the
     wait with 0.33.0's RuntimeError("cancelled"), as it ends a local reader's,
     also before any message came. Loopback only."""
-    writer, reader = connected_queue(n_local_reader=0, connect_ip="127.0.0.1")
+    _writer, reader = connected_queue(n_local_reader=0, connect_ip="127.0.0.1")
 
     outcome: queue.Queue = queue.Queue()
 
