@@ -180,3 +180,14 @@ def oracle_settings(ci_examples: int, deep_examples: int) -> settings:
         print_blob=True,
         derandomize=False,
     )
+
+
+_VIOLATIONS: dict[str, type[AssertionError]] = {}
+
+
+def violation(kind: str) -> type[AssertionError]:
+    """The exception type of one kind of break of the property: one per kind, so that hypothesis keeps
+    distinct defects apart and shrinks each to its own minimal example."""
+    if kind not in _VIOLATIONS:
+        _VIOLATIONS[kind] = type(f"OracleViolation[{kind}]", (AssertionError,), {})
+    return _VIOLATIONS[kind]

@@ -38,7 +38,7 @@ if __name__ == "__main__":  # the reproducer: as pytest would, put the harness f
 
     sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
 from dl_oracle_judge import judge, uninitialized
-from oracle_harness import Sides, intended_differences, oracle_settings
+from oracle_harness import Sides, intended_differences, oracle_settings, violation
 
 HERE = Path(__file__).resolve().parent
 DIFFERENCES = intended_differences(HERE / "oracle-differences.toml")
@@ -98,16 +98,6 @@ def sides():
     both = Sides(HERE / "dl_oracle_child.py")
     yield both
     both.close()
-
-
-_VIOLATIONS: dict[str, type[AssertionError]] = {}
-
-
-def violation(kind: str) -> type[AssertionError]:
-    """The exception type of one kind of break of the property."""
-    if kind not in _VIOLATIONS:
-        _VIOLATIONS[kind] = type(f"OracleViolation[{kind}]", (AssertionError,), {})
-    return _VIOLATIONS[kind]
 
 
 @oracle_settings(ci_examples=CI_EXAMPLES, deep_examples=DEEP_EXAMPLES)

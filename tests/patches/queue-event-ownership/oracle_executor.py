@@ -36,7 +36,7 @@ if __name__ == "__main__":  # the reproducer: as pytest would, put the harness f
     import sys
 
     sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
-from oracle_harness import Sides, intended_differences, oracle_settings
+from oracle_harness import Sides, intended_differences, oracle_settings, violation
 from qeo_oracle_judge import judge, pristine_problems
 
 HERE = Path(__file__).resolve().parent
@@ -121,16 +121,6 @@ def test_executor_rpc_path_matches_pristine(sides, config, ops):
         # One exception type per kind of break: hypothesis then keeps distinct
         # defects apart and shrinks each to its own minimal example.
         raise violation(problems[0][0])("\n".join(message for _, message in problems))
-
-
-_VIOLATIONS: dict[str, type[AssertionError]] = {}
-
-
-def violation(kind: str) -> type[AssertionError]:
-    """The exception type of one kind of break of the property."""
-    if kind not in _VIOLATIONS:
-        _VIOLATIONS[kind] = type(f"OracleViolation[{kind}]", (AssertionError,), {})
-    return _VIOLATIONS[kind]
 
 
 def replay(request: dict) -> list[tuple[str, str]]:
