@@ -46,6 +46,13 @@ from vllm.v1.outputs import AsyncModelRunnerOutput, KVConnectorOutput, ModelRunn
 
 # Bound from the issue: a worker's failure must reach the caller within 1 s.
 DELIVERY_BOUND_S = 1.0
+# What the tests wait for it. On the 2-core CI machine, with the per-patch
+# chain's other processes beside it, the ranks' threads can be starved for
+# seconds (seen: a failure the series reports in ~0.1 s here missed 1.0 s
+# there). What these tests tell apart is "within a bound" from "held until
+# the earlier output's copy or VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS ends"
+# (never, in these tests, before their cleanup); 5x the bound still does.
+DELIVERY_WAIT_S = 5 * DELIVERY_BOUND_S
 
 
 class GpuOutput(AsyncModelRunnerOutput):
@@ -252,11 +259,12 @@ class Pipeline:
 
 
 def outcome_within_bound(pipe: Pipeline, future, what: str) -> tuple[str, Any]:
-    """The future's outcome, which must reach the caller within DELIVERY_BOUND_S."""
+    """The future's outcome, which must reach the caller within the bound
+    (DELIVERY_WAIT_S: DELIVERY_BOUND_S with room for a loaded machine)."""
     try:
-        return pipe.resolve_in_background(future).get(timeout=DELIVERY_BOUND_S)
+        return pipe.resolve_in_background(future).get(timeout=DELIVERY_WAIT_S)
     except queue.Empty:
-        pytest.fail(f"{what} did not reach the caller within {DELIVERY_BOUND_S}s")
+        pytest.fail(f"{what} did not reach the caller within {DELIVERY_WAIT_S}s")
 
 
 def rank_output(rank: int, batch: Any, finished: set[str] | None) -> ModelRunnerOutput:

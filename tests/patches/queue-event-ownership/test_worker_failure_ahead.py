@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import vllm.distributed.device_communicators.shm_broadcast as shm_broadcast
 from qeo_worker_pipeline import (
-    DELIVERY_BOUND_S,
+    DELIVERY_WAIT_S,
     GpuOutput,
     Pipeline,
     as_the_engine_core,
@@ -105,9 +105,12 @@ def test_non_output_rank_failure_with_every_reply_in_is_delivered(monkeypatch, c
     second.)"""
     error = "rank 1: CUDA error in batch B"
     rank_1_raised = threading.Event()
+    rank_1_took_h = threading.Event()
     delivered = threading.Event()
 
     def step(rank: int, method: str, batch: Any) -> Any:
+        if batch == "H" and rank == 1:
+            rank_1_took_h.set()
         if batch == "B" and rank == 1:
             if order == "reply-first":
                 assert delivered.wait(timeout=30)
@@ -125,8 +128,14 @@ def test_non_output_rank_failure_with_every_reply_in_is_delivered(monkeypatch, c
         assert outcome_within_bound(pipe, future, "batch B") == ("result", "rank 0 output of B")
         delivered.set()
         assert rank_1_raised.wait(timeout=10)
-        # Enough RPCs that one of them reads rank 1's queue.
         for batch in "CDEFGH":
+            assert pipe.executor.execute_model(batch) == f"rank 0 output of {batch}"
+        # Rank 1 takes its RPCs in order, so once it has taken H its
+        # announcement of B is in its queue (under load it may lag far behind
+        # rank 0, which alone replies); then enough RPCs that one of them
+        # reads rank 1's queue.
+        assert rank_1_took_h.wait(timeout=10)
+        for batch in "IJKLMNOP":
             assert pipe.executor.execute_model(batch) == f"rank 0 output of {batch}"
         assert not pipe.executor.is_failed
         if hasattr(shm_broadcast.MessageQueue, "poll"):  # the series: its executor heard of it
@@ -267,7 +276,7 @@ def test_shutdown_cancels_a_waiting_rpc(monkeypatch, moment):
         threading.Thread(target=call, daemon=True).start()
         time.sleep(0.3)
         shutdown_once()
-        kind, value = outcome.get(timeout=DELIVERY_BOUND_S * 2)
+        kind, value = outcome.get(timeout=DELIVERY_WAIT_S)
         assert kind == "error"
         assert type(value) is RuntimeError and str(value) == "cancelled", repr(value)
     finally:
@@ -527,9 +536,9 @@ def test_shutdown_ends_a_remote_readers_poll():
     time.sleep(0.2)  # the poll is waiting on the socket
     reader.shutdown()
     try:
-        assert outcome.get(timeout=DELIVERY_BOUND_S) == ("error", "cancelled")
+        assert outcome.get(timeout=DELIVERY_WAIT_S) == ("error", "cancelled")
     except queue.Empty:
-        pytest.fail(f"poll() still waited {DELIVERY_BOUND_S}s after shutdown()")
+        pytest.fail(f"poll() still waited {DELIVERY_WAIT_S}s after shutdown()")
     with pytest.raises(RuntimeError, match="cancelled"):
         reader.poll(0.0)
 
