@@ -18,7 +18,10 @@ of each side: on a shared 2-core machine a round is sometimes slowed
 several-fold by other work (a run's ranks are threads that spin while they
 wait), and the least disturbed round is the closest to an idle machine.
 A tree is laid over the installed vllm with scripts/with-patched-vllm;
-pristine is the installed vllm itself.
+pristine is the installed vllm itself. With --pythonpath-of-trees (a machine
+without the installed vllm, such as the device machine: see
+benchmarks/executor_rpc_cost_device.sh) every tree is a whole vllm/ package
+put first on PYTHONPATH, and --pristine names pristine's.
 
     python3 benchmarks/executor_rpc_cost.py --python ENV/bin/python --tree build/patched
 """
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -70,14 +74,22 @@ def measure(tp_sizes: list[int], rpcs: int, async_scheduling: bool = False) -> d
 
 
 def run_side(
-    python: str, tree: str | None, tp_sizes: list[int], rpcs: int, async_scheduling: bool = False
+    python: str,
+    tree: str | None,
+    tp_sizes: list[int],
+    rpcs: int,
+    async_scheduling: bool = False,
+    pythonpath: bool = False,
 ) -> dict[int, float]:
     cmd = [python, __file__, "--child", "--rpcs", str(rpcs), "--tp", *map(str, tp_sizes)]
     if async_scheduling:
         cmd.append("--async-scheduling")
-    if tree:
+    env = None
+    if tree and pythonpath:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (tree, os.environ.get("PYTHONPATH")) if p))
+    elif tree:
         cmd = [str(REPO / "scripts" / "with-patched-vllm"), "--tree", tree, "--", *cmd]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
     return {int(k): v for k, v in json.loads(out.strip().splitlines()[-1]).items()}
 
 
@@ -96,6 +108,12 @@ def main() -> int:
         action="store_true",
         help="the ranks as with async scheduling (outputs sent by each rank's output thread)",
     )
+    parser.add_argument(
+        "--pythonpath-of-trees",
+        action="store_true",
+        help="each tree is a whole vllm/ package put first on PYTHONPATH (no installed vllm needed)",
+    )
+    parser.add_argument("--pristine", help="with --pythonpath-of-trees: pristine's tree")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
@@ -106,13 +124,15 @@ def main() -> int:
     if not args.tree:
         parser.error("--tree is required (the patched tree to compare with pristine)")
 
-    sides: list[tuple[str, str | None]] = [("pristine", None), ("patched", args.tree)]
+    if args.pythonpath_of_trees and not args.pristine:
+        parser.error("--pythonpath-of-trees needs --pristine (pristine's tree)")
+    sides: list[tuple[str, str | None]] = [("pristine", args.pristine), ("patched", args.tree)]
     if args.before:
         sides.append(("before", args.before))
     results: dict[str, list[dict[int, float]]] = {side: [] for side, _ in sides}
     for rnd in range(args.rounds):
         for side, tree in sides:
-            medians = run_side(args.python, tree, args.tp, args.rpcs, args.async_scheduling)
+            medians = run_side(args.python, tree, args.tp, args.rpcs, args.async_scheduling, args.pythonpath_of_trees)
             results[side].append(medians)
             shown = "  ".join(f"TP={tp} {us:7.1f} us" for tp, us in medians.items())
             print(f"round {rnd + 1} {side:8s} {shown}", flush=True)
