@@ -6,7 +6,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from vllm_overlay import lock, paths
+from vllm_overlay import lock, patch_index, paths
 from vllm_overlay.audit import dependencies
 from vllm_overlay.series import (
     FORWARDED_NOT_RE,
@@ -176,4 +176,9 @@ def lint(repo_root: Path, patches_dir: Path, tree: Path | None = None) -> list[s
             for name in paths.attribute_files(patch)
         )
     problems.extend(spdx_problems(repo_root))
+    # README indexes the project's own series, not a carried one (cpu/patches), and only a series
+    # whose every patch loaded: a broken patch is reported above, not as a stale row.
+    patches = [patch for patch in loaded.values() if isinstance(patch, Patch)]
+    if patches_dir.resolve() == (repo_root / "patches").resolve() and len(patches) == len(loaded):
+        problems.extend(patch_index.problems(repo_root / patch_index.README_NAME, patches))
     return problems

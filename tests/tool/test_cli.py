@@ -114,3 +114,21 @@ def test_no_command_imports_the_dispatcher_or_another_command():
 def test_every_verbs_help_says_its_exit_codes(capsys):
     missing = [verb for verb in cli.VERBS if "Exit codes" not in verb_help(verb, capsys)]
     assert missing == []
+
+
+def _readme_verb_table() -> list[str]:
+    """The scripts the rows of README's "Verbs" table name, in table order."""
+    lines = (REPO_ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    section = lines[lines.index("## Verbs") + 1 :]
+    section = section[: next(n for n, line in enumerate(section) if line.startswith("## "))]
+    rows = [line for line in section if line.startswith("| `scripts/")]
+    return [row.split("`")[1].split()[0].removeprefix("scripts/") for row in rows]
+
+
+def test_the_readme_has_one_verb_row_per_user_facing_script_and_every_verb():
+    """A newcomer finds every command in one table: each executable in scripts/ once, every verb of the CLI."""
+    scripts = {p.name for p in (REPO_ROOT / "scripts").iterdir() if p.is_file() and p.stat().st_mode & 0o111}
+    named = _readme_verb_table()
+    assert sorted(named) == sorted(set(named)), "a script has two rows"
+    assert set(named) == scripts
+    assert set(cli.VERBS) <= set(named)

@@ -6,6 +6,11 @@ Upstream-Tests, Targets), touches only regular files inside the upstream tree (n
 paths, no '..', no symlinks or binary content), and every file named under Tests exists.
 With --tree, paths are also resolved against that tree to catch symlinks leaving it.
 
+README.md's index of the patches (the table between its patch-index markers: name, what each
+fixes, forwarded or bug, drop when) is written from the patches' own trailers, and lint fails
+naming every row that differs from what they say. --write-readme-index writes it first (after an
+export, or any edit of a patch's Description, Forwarded, Bug or Applied-Upstream).
+
 With --upstream-style [TREE] (default: build/patched, as apply-patches leaves it), the Python files
 the series changes are also checked against upstream's own ruff configuration (the upstream tree's
 pyproject.toml, as vLLM's pre-commit runs it): a patched file may have no ruff finding and no
@@ -31,6 +36,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     project.add_project_argument(parser)
     parser.add_argument("--tree", type=Path, default=None, help="upstream tree to resolve paths against")
     parser.add_argument(
+        "--write-readme-index",
+        action="store_true",
+        help="write README.md's index of the patches from their trailers before checking",
+    )
+    parser.add_argument(
         "--upstream-style",
         type=Path,
         nargs="?",
@@ -46,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
     from vllm_overlay import lint
 
     proj = project.from_args(args)
+    if args.write_readme_index:
+        _write_readme_index(proj)
     problems = lint.lint(proj.root, proj.patches, args.tree)
     for problem in problems:
         output.result(problem)
@@ -57,6 +69,17 @@ def run(args: argparse.Namespace) -> int:
         tree = proj.patched_tree if args.upstream_style is PATCHED_TREE else args.upstream_style
         return _upstream_style(tree)
     return 0
+
+
+def _write_readme_index(proj: project.Project) -> None:
+    """Write README's patch index from the series as patches/ holds it, saying whether it changed."""
+    from vllm_overlay import patch_index, series
+
+    patches = series.load_series(proj.patches)
+    series.parse_all_trailers(patches)
+    readme = proj.root / patch_index.README_NAME
+    changed = patch_index.write(readme, patches)
+    output.info(f"{readme.name}: patch index {'written' if changed else 'already up to date'} ({len(patches)} patches)")
 
 
 def _upstream_style(tree: Path) -> int:
