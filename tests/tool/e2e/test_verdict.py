@@ -140,3 +140,16 @@ def test_an_end_to_end_verdict_written_without_the_secret_is_ignored(store_env, 
         where.write_text(json.dumps(entry))
         assert verdict.load(store, digest) is None
         assert "this cache's store did not write it" in capsys.readouterr().err
+
+
+def test_a_signed_entry_without_a_passing_run_is_not_stood_on(store_env, capsys):
+    """Only passing runs are kept; an entry of the e2e scope that holds anything else serves again."""
+    from vllm_overlay.e2e import verdict
+    from vllm_overlay.signed_verdicts import SignedVerdicts
+    from vllm_overlay.store import Store
+
+    store = Store()
+    digest = verdict.key({"files": {}})
+    SignedVerdicts(store, verdict.SCOPE, again="").save_entry(digest, {}, {"ok": False, "made": "x", "table": ""})
+    assert verdict.load(store, digest) is None
+    assert "it holds no passing run; the suite serves again" in capsys.readouterr().err
