@@ -6,9 +6,10 @@ root with its size; ``prune`` removes the environments (and their build logs) wh
 current one, and hidden build directories that no published environment points to (left by an
 interrupted build). The verdict store (``verdicts/``) holds one scope per environment key and
 runner version: the scopes other than the current one go with their environment (and the
-``baselines/`` folder the store replaced). Downloads, the upstream repository, the kept builds (at most 12,
-``kept_builds``) and the CI stand-in base are listed but never pruned here: they are small or
-shared across locks.
+``baselines/`` folder the store replaced); the end-to-end suite's scope (``verdicts/e2e/``) is kept.
+Every other folder the store names (``Store.present``: downloads, the upstream repository, the
+kept builds, at most 12, ``kept_builds``, the CI stand-ins, ...) is listed but never pruned here:
+they are small or shared across locks.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ KEPT = "kept"
 @dataclass(frozen=True)
 class Entry:
     path: Path
-    kind: str  # environment, build log, or a top-level cache folder
+    kind: str  # environment, build log, verdicts, or what the store says a cache folder holds
     status: str  # current, stale, orphan, kept
     size: int
 
@@ -89,28 +90,35 @@ def _environment_entries(store: Store, key: str) -> list[Entry]:
 
 
 def _verdict_entries(store: Store, key: str) -> list[Entry]:
+    """The old baselines, and the verdict store's scopes: test-patches' current one, its stale ones, the rest kept.
+
+    Only scopes shaped as test-patches makes them are ever stale; any other folder (the end-to-end
+    suite's ``e2e``, one made by hand) is listed and kept.
+    """
     found = []
-    legacy = store.root / "baselines"
-    if legacy.is_dir():
-        found.append(Entry(legacy, "old baselines", STALE, disk_usage(legacy)))
-    root = store.root / "verdicts"
-    if root.is_dir():
+    if store.baselines.is_dir():
+        found.append(Entry(store.baselines, "old baselines", STALE, disk_usage(store.baselines)))
+    if store.verdicts.is_dir():
         current = verdict_store.scope_name(key, Path())
-        for path in sorted(root.iterdir()):
-            if path.is_dir() and not path.is_symlink() and SCOPE_RE.match(path.name):  # only scopes the store made
+        for path in sorted(store.verdicts.iterdir()):
+            if not path.is_dir() or path.is_symlink():
+                continue
+            if SCOPE_RE.match(path.name):  # only scopes the store made
                 status = CURRENT if path.name == current else STALE
-                found.append(Entry(path, "verdicts", status, disk_usage(path)))
+            else:
+                status = KEPT
+            found.append(Entry(path, "verdicts", status, disk_usage(path)))
     return found
 
 
 def entries(store: Store, lock: Lock) -> list[Entry]:
-    """The environments and verdict scopes one by one, then every other top-level folder of the cache."""
+    """The environments and verdict scopes one by one, then every other folder the store says the cache holds."""
     key = current_key(lock)
     found = _environment_entries(store, key) + _verdict_entries(store, key)
-    if store.root.is_dir():
-        for path in sorted(store.root.iterdir()):
-            if path not in (store.envs, store.root / "verdicts", store.root / "baselines") and path.is_dir():
-                found.append(Entry(path, "cache folder", KEPT, disk_usage(path)))
+    listed_above = (store.envs, store.verdicts, store.baselines)
+    for path, what in store.present():
+        if path not in listed_above:
+            found.append(Entry(path, what, KEPT, disk_usage(path)))
     return found
 
 

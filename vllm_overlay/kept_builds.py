@@ -40,7 +40,6 @@ from vllm_overlay.classify import PatchResult
 from vllm_overlay.series import Patch
 from vllm_overlay.store import Store
 
-FOLDER = "kept-builds"
 LIMIT = 12
 
 
@@ -59,10 +58,6 @@ class KeptBuild:
         return self.record.with_suffix(".idx")
 
 
-def folder(store: Store) -> Path:
-    return store.root / FOLDER
-
-
 def _git(*args: str, stdin: str | None = None) -> str:
     done = subprocess.run(
         ["git", *args], capture_output=True, text=True, input=stdin, check=True, env=gitenv.environment()
@@ -76,7 +71,7 @@ def _touch(path: Path) -> None:
 
 
 def _entries(store: Store) -> list[Path]:
-    kept = folder(store)
+    kept = store.kept_builds
     return sorted(kept.glob("*.json"), key=lambda p: p.stat().st_mtime_ns, reverse=True) if kept.is_dir() else []
 
 
@@ -217,7 +212,7 @@ class KeptBuilds:
         if record is None or record.get("partial") or not all(r.accepted for r in apply_record.results_of(record)):
             return
         head = str(record["head"])
-        kept = folder(self.store)
+        kept = self.store.kept_builds
         if (kept / f"{head}.json").is_file():
             _touch(kept / f"{head}.json")
             return

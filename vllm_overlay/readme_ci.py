@@ -127,7 +127,7 @@ def run_check(proj: project.Project, options: Options) -> int:
             raise engine.EngineError(f"no {proj.patched_tree} here to compare with: run scripts/apply-patches first")
         host_trees = tree_ids(proj.patched_tree)
         store = Store()
-        use_storage(store.root, options.storage_driver)
+        use_storage(store.ci, options.storage_driver)
         eng = engine.find_engine("buildah")
         ref = TOOL_STANDIN.format(suite=options.suite)
         if options.rebuild_base and eng.image_exists(ref):
@@ -136,7 +136,7 @@ def run_check(proj: project.Project, options: Options) -> int:
             figures.append(f"stand-in {ref}: present (cached)")
         else:
             made = time.monotonic()
-            rootfs = rootfs_tar(store.root, options.suite, options.mirror or apt_mirror(), TOOL_PACKAGES)
+            rootfs = rootfs_tar(store.ci, options.suite, options.mirror or apt_mirror(), TOOL_PACKAGES)
             make_tool_standin(eng, ref, rootfs, machine_ca_bundle())
             figures.append(f"stand-in {ref} created in {time.monotonic() - made:.0f} s")
 

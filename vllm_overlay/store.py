@@ -1,8 +1,12 @@
-"""The cache directory: downloads, imported upstream trees, test environments.
+"""The cache directory: downloads, imported upstream trees, test environments, verdicts.
 
 One ``Store`` owns the cache root and takes an exclusive lock around every mutation, so two
 concurrent runs (a developer's shell and an editor's test run) never interleave half-written
 entries. Everything in it can be deleted at any time; it is rebuilt on demand.
+
+The Store is the one place that names the cache's folders (a property each; ``folders`` lists
+them with what they hold): every module asks it for its folder, and ``scripts/cache`` asks it
+what the cache holds, so a new folder cannot be left out of the listing.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from vllm_overlay import output
 from vllm_overlay.errors import InputError
 
 UNPACK_PREFIX = ".unpack-"  # sdists being unpacked for import
+VERDICT_SECRET = ".secret"  # inside verdicts/: the key every verdict entry is signed with
 
 
 def default_root() -> Path:
@@ -53,11 +58,7 @@ class Store:
         Every name comes from a lock or an index page; a ``..`` or a separator in one would read an
         archive elsewhere and write its ``.imported``/``.sha256`` records beside it.
         """
-        plain = filename and filename not in (".", "..") and not any(c in filename for c in "/\\\0")
-        path = self.downloads / filename
-        if not plain or not path.resolve().is_relative_to(self.downloads.resolve()):
-            raise OutsideCacheError(f"{filename!r} is not a plain file name inside the cache's downloads")
-        return path
+        return _plain_child(self.downloads, filename, "the cache's downloads")
 
     @property
     def upstreams_git(self) -> Path:
@@ -66,7 +67,82 @@ class Store:
 
     @property
     def envs(self) -> Path:
+        """Test environments and the CPU runtime: one link per key to a hidden build directory."""
         return self.root / "envs"
+
+    @property
+    def kept_builds(self) -> Path:
+        """Packs of the patch commits earlier applies made (vllm_overlay.kept_builds)."""
+        return self.root / "kept-builds"
+
+    @property
+    def verdicts(self) -> Path:
+        """The verdict store: one folder (scope) per test environment and runner version, and e2e/."""
+        return self.root / "verdicts"
+
+    def verdict_scope(self, scope: str) -> Path:
+        """``verdicts/<scope>``, refused unless ``scope`` is a plain name that stays inside the cache."""
+        return _plain_child(self.verdicts, scope, "the cache's verdicts")
+
+    @property
+    def verdict_secret(self) -> Path:
+        """The cache's own key that signs every verdict entry (made on first use, owner-readable only)."""
+        return self.verdicts / VERDICT_SECRET
+
+    @property
+    def dependencies(self) -> Path:
+        """Python sources of the dependency releases the audit compares (vllm_overlay.audit.dependencies)."""
+        return self.root / "dependencies"
+
+    @property
+    def ci(self) -> Path:
+        """The image checks' stand-ins: Debian root filesystems, container storage, Docker's data root."""
+        return self.root / "ci"
+
+    @property
+    def oracle_examples(self) -> Path:
+        """hypothesis's example databases, one folder per series, so a failing example is replayed first."""
+        return self.root / "oracle-examples"
+
+    @property
+    def baselines(self) -> Path:
+        """Where results were kept before the verdict store; only ``scripts/cache --prune`` touches it."""
+        return self.root / "baselines"
+
+    def folders(self) -> dict[Path, str]:
+        """Every folder of the cache, with what it holds (the kind ``scripts/cache`` lists it as)."""
+        return {
+            self.downloads: "downloads",
+            self.upstreams_git: "upstream trees",
+            self.envs: "environments",
+            self.kept_builds: "kept builds",
+            self.verdicts: "verdicts",
+            self.dependencies: "dependency code",
+            self.ci: "CI stand-ins",
+            self.oracle_examples: "oracle examples",
+            self.baselines: "old baselines",
+        }
+
+    def present(self) -> list[tuple[Path, str]]:
+        """The folders the cache root holds now, with what each holds.
+
+        A folder no property names (left by another version of the tool, or made by hand) is listed
+        too, as such, so nothing in the cache goes unseen.
+        """
+        if not self.root.is_dir():
+            return []
+        named = self.folders()
+        found = []
+        for path in sorted(self.root.iterdir()):
+            if not path.is_dir():
+                continue
+            if path in named:
+                found.append((path, named[path]))
+            elif path.name.startswith(UNPACK_PREFIX):
+                found.append((path, "half-unpacked"))
+            else:
+                found.append((path, "unknown folder"))
+        return found
 
     @contextlib.contextmanager
     def exclusive(self, name: str = ".lock") -> Iterator[None]:
@@ -117,3 +193,12 @@ class Store:
             else:
                 path.unlink(missing_ok=True)
         return found
+
+
+def _plain_child(folder: Path, name: str, where: str) -> Path:
+    """``folder/name``, refused (``OutsideCacheError``) unless ``name`` is a plain name that stays inside."""
+    plain = name and name not in (".", "..") and not any(c in name for c in "/\\\0")
+    path = folder / name
+    if not plain or not path.resolve().is_relative_to(folder.resolve()):
+        raise OutsideCacheError(f"{name!r} is not a plain file name inside {where}")
+    return path

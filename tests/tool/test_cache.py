@@ -107,3 +107,24 @@ def test_prune_keeps_the_cpu_runtime_of_this_checkout(project, store_env, monkey
     cache.prune(store, the_lock)
     assert runtime.exists() and (store.envs / "cpu-0123456789abcdef0123.build.log").exists()
     assert not old_runtime.exists()
+
+
+def test_the_listing_asks_the_store_what_the_cache_holds(project, store_env):
+    """Every folder the store names is listed as what it holds, one it does not name too; the end-to-end
+    suite's verdicts are listed apart from test-patches' scopes and kept by --prune."""
+    from vllm_overlay.e2e import verdict
+
+    the_lock = lock.load(project / "upstream.lock")
+    store = Store()
+    made_of = {"files": {}}
+    e2e_verdict = verdict.keep(store, verdict.key(made_of), made_of, {"ok": True}, "| table |\n")
+    for path in (store.ci / "docker", store.oracle_examples / "demo", store.dependencies, store_env / "by-hand"):
+        path.mkdir(parents=True)
+    listed = {e.path: e for e in cache.entries(store, the_lock)}
+    assert (listed[store.verdicts / "e2e"].kind, listed[store.verdicts / "e2e"].status) == ("verdicts", cache.KEPT)
+    assert listed[store.ci].kind == "CI stand-ins" and listed[store.oracle_examples].kind == "oracle examples"
+    assert listed[store.dependencies].kind == "dependency code"
+    assert (listed[store_env / "by-hand"].kind, listed[store_env / "by-hand"].status) == ("unknown folder", cache.KEPT)
+    assert store.verdicts not in listed  # its scopes are listed one by one
+    assert all(e.status == cache.KEPT for e in listed.values())
+    assert cache.prune(store, the_lock) == [] and e2e_verdict.is_file()

@@ -26,7 +26,7 @@ from vllm_overlay.store import Store
 
 
 def kept_folder() -> Path:
-    return kept_builds.folder(Store())
+    return Store().kept_builds
 
 
 def track_starts(monkeypatch) -> list[int]:

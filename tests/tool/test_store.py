@@ -120,3 +120,51 @@ def test_remove_leftovers_takes_what_killed_runs_left_and_nothing_else(store_env
 def test_remove_leftovers_of_a_store_not_made_yet(store_env: Path) -> None:
     assert Store().remove_leftovers() == []
     assert not store_env.exists()
+
+
+def test_the_store_names_every_folder_of_the_cache_and_lists_what_is_there(store_env: Path) -> None:
+    cache = Store()
+    named = cache.folders()
+    everything = ["downloads", "upstreams.git", "envs", "kept-builds", "verdicts", "dependencies", "ci"]
+    everything += ["oracle-examples", "baselines"]
+    assert sorted(p.name for p in named) == sorted(everything)
+    assert all(p.parent == cache.root for p in named) and len(set(named.values())) == len(named)
+    assert cache.present() == []  # a cache not made yet holds nothing
+    for path in (cache.ci, cache.kept_builds, store_env / "made-by-hand", store_env / f"{store.UNPACK_PREFIX}x1"):
+        path.mkdir(parents=True)
+    (store_env / ".lock").write_text("1\n")  # files are not folders
+    assert cache.present() == [
+        (store_env / ".unpack-x1", "half-unpacked"),
+        (cache.ci, "CI stand-ins"),
+        (cache.kept_builds, "kept builds"),
+        (store_env / "made-by-hand", "unknown folder"),
+    ]
+
+
+def test_a_verdict_scope_stays_inside_the_verdict_store(store_env: Path) -> None:
+    import pytest
+
+    cache = Store()
+    assert cache.verdict_scope("e2e") == cache.verdicts / "e2e"
+    assert cache.verdict_secret == cache.verdicts / ".secret"
+    for name in ("", ".", "..", "../envs", "a/b"):
+        with pytest.raises(store.OutsideCacheError, match="inside the cache's verdicts"):
+            cache.verdict_scope(name)
+
+
+def test_no_module_but_the_store_names_a_cache_folder() -> None:
+    """``<path> / "<cache folder>"`` anywhere in the package but store.py: ask the Store for the folder."""
+    import ast
+
+    from tests.tool.helpers import REPO_ROOT
+
+    names = {p.name for p in Store(Path("/cache")).folders()}
+    found = []
+    for path in sorted((REPO_ROOT / "vllm_overlay").rglob("*.py")):
+        if path.name == "store.py" and path.parent.name == "vllm_overlay":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+                if isinstance(node.right, ast.Constant) and node.right.value in names:
+                    found.append(f"{path.relative_to(REPO_ROOT)}:{node.lineno} {node.right.value}")
+    assert found == []

@@ -182,7 +182,7 @@ def _extract_python(archive: Path, dest: Path) -> int:
 def source_root(store: Store, distribution: str, version: str) -> Path:
     """The Python sources of ``distribution`` ``version``, from the store or the index (verified)."""
     distribution = normalize(distribution)
-    root = store.root / "dependencies" / f"{distribution}-{version}"
+    root = store.dependencies / f"{distribution}-{version}"
     marker = root / ".vllm-overlay-complete"
     if marker.is_file():
         return root

@@ -3,7 +3,8 @@
 Every upstream bump (a new upstream.lock) or change of the test pins builds a new ~10 GB test
 environment and leaves the previous one in the cache. Without options this lists the cache:
 each environment as current (the one this checkout's upstream.lock uses), stale (another lock's)
-or orphan (an interrupted build nobody points to), and the size of every other cache folder.
+or orphan (an interrupted build nobody points to), each verdict scope, and the size of every other
+folder, as the cache's Store names it (``Store.present``; a folder it does not name, as such).
 --prune removes the stale and orphan ones under the cache's lock; --dry-run shows what it would
 remove. --env-python prints the current environment's interpreter (scripts/check runs the overlay
 package's tests with it). The cache root is $VLLM_OVERLAY_CACHE, else $XDG_CACHE_HOME/vllm-overlay, else

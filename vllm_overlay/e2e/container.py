@@ -141,7 +141,7 @@ def ensure_base(
     problems = record.verify_distribution(pristine.site_packages, runtime.project, expected=expected)
     if problems:
         raise ContainerError(f"{pristine.path}: {runtime.project} is not pristine per its RECORD: {problems[:3]}")
-    tar = standins.rootfs_tar(store.root, suite, mirror or standins.apt_mirror(), CPU_PACKAGES, name="vllm-cpu")
+    tar = standins.rootfs_tar(store.ci, suite, mirror or standins.apt_mirror(), CPU_PACKAGES, name="vllm-cpu")
     started = time.monotonic()
     imported = f"{ref}-imported"
     count = _import(eng, tar, pristine.site_packages, purelib, imported, [f"LABEL {RUNTIME_LABEL}={made_of}"])
@@ -255,7 +255,7 @@ def engine_for(name: str, store: Store) -> Iterator[engine.Engine]:
     if name == "podman":
         from vllm_overlay.image.ci_checks import use_storage
 
-        use_storage(store.root, "overlay")
+        use_storage(store.ci, "overlay")
         yield engine.find_engine(name, RUN_OPTIONS[name])
         return
     client, daemon = shutil.which("docker"), shutil.which("dockerd")

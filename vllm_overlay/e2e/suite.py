@@ -391,7 +391,7 @@ def _kept_verdict(root: Path, options: Options, pristine: testenv.Env, store: St
     if options.image:
         scenario_options["image_engines"] = container.engine_versions(options.image)
     made_of = verdict.inputs(root, pristine.path, pristine.site_packages, scenario_options)
-    return made_of, verdict.load(store.root, verdict.key(made_of))
+    return made_of, verdict.load(store, verdict.key(made_of))
 
 
 def _stand_on(outcome: Outcome, kept: dict) -> None:
@@ -519,7 +519,7 @@ def _keep_verdict(outcome: Outcome, store: Store, made_of: dict, out: Path) -> N
     from vllm_overlay.e2e import verdict
 
     data = json.loads((out / "results.json").read_text(encoding="utf-8"))
-    where = verdict.keep(store.root, verdict.key(made_of), made_of, data, render(outcome))
+    where = verdict.keep(store, verdict.key(made_of), made_of, data, render(outcome))
     output.info(f"[e2e] passing verdict kept: {where}")
 
 

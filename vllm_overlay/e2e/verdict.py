@@ -16,7 +16,10 @@ the sha256 of, each named in the stored record so a hit can be audited:
   HF_* variable of the environment the servers inherit.
 
 Only passing runs are kept: a failure always serves again (a failure on this loaded machine may
-be the machine's, and is worth seeing again). Verdicts live in the cache's verdicts/e2e/.
+be the machine's, and is worth seeing again). Verdicts live in the cache's verdict store, scope
+``e2e`` (verdicts/e2e/), kept, signed and checked as test-patches' are (vllm_overlay.signed_verdicts):
+one this cache's store did not write, or edited since, is ignored with a warning and the suite
+serves again.
 """
 
 from __future__ import annotations
@@ -31,10 +34,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from vllm_overlay import atomicfile
+from vllm_overlay.signed_verdicts import SignedVerdicts
+from vllm_overlay.store import Store
 
 COMMAND_MODULE = "vllm_overlay/commands/serve_e2e.py"
 ENV_PREFIXES = ("VLLM_", "OMP_", "HF_")
+SCOPE = "e2e"  # its folder in the cache's verdict store
 
 
 class _OwnModules(modulefinder.ModuleFinder):
@@ -87,24 +92,28 @@ def key(made_of: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(made_of, sort_keys=True).encode("utf-8")).hexdigest()
 
 
-def path_for(store_root: Path, digest: str) -> Path:
-    return store_root / "verdicts" / "e2e" / f"{digest}.json"
+def _verdicts(store: Store) -> SignedVerdicts:
+    return SignedVerdicts(store, SCOPE, again="the suite serves again")
 
 
-def load(store_root: Path, digest: str) -> dict[str, Any] | None:
-    """The kept passing verdict for this key (None: none, or one that cannot be read)."""
-    try:
-        data = json.loads(path_for(store_root, digest).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+def path_for(store: Store, digest: str) -> Path:
+    return _verdicts(store).path(digest)
+
+
+def load(store: Store, digest: str) -> dict[str, Any] | None:
+    """The kept passing verdict for this key (None: none, or one the store refused with a warning)."""
+    verdicts = _verdicts(store)
+    entry = verdicts.load_entry(digest)
+    if entry is None:
         return None
-    return data if data.get("ok") is True and data.get("key") == digest else None
+    result = entry.get("result")
+    if not isinstance(result, dict) or result.get("ok") is not True or not {"made", "table"} <= result.keys():
+        verdicts.warn(verdicts.path(digest), "it holds no passing run")
+        return None
+    return {"key": digest, "inputs": entry.get("what"), **result}
 
 
-def keep(store_root: Path, digest: str, made_of: dict[str, Any], results: dict[str, Any], table: str) -> Path:
-    """Keep a passing run's verdict (written atomically: a reader never sees half of one)."""
-    path = path_for(store_root, digest)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    record = {"key": digest, "ok": True, "made": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    record.update({"inputs": made_of, "results": results, "table": table})
-    atomicfile.write_bytes(path, (json.dumps(record, indent=1, sort_keys=True) + "\n").encode("utf-8"))
-    return path
+def keep(store: Store, digest: str, made_of: dict[str, Any], results: dict[str, Any], table: str) -> Path:
+    """Keep a passing run's verdict, signed, under the cache's lock (a reader never sees half of one)."""
+    made = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return _verdicts(store).save_entry(digest, made_of, {"ok": True, "made": made, "results": results, "table": table})

@@ -83,9 +83,8 @@ TAMPER_LINE = "# tampered by ci-image\n"
 BASE_DIGEST_LABEL = "org.opencontainers.image.base.digest"
 
 
-def use_storage(store_root: Path, driver: str) -> None:
-    """Point buildah at storage of its own under the store."""
-    ci = store_root / "ci"
+def use_storage(ci: Path, driver: str) -> None:
+    """Point buildah at storage of its own in the cache's CI folder (``Store.ci``)."""
     conf = ci / f"storage-{driver}.conf"
     conf.parent.mkdir(parents=True, exist_ok=True)
     conf.write_text(
@@ -214,11 +213,11 @@ class BuildahResult:
     root: RootBuild | None  # check 5's context, with --root-build
 
 
-def standin_archive(buildah: engine.Engine, ref: str, store_root: Path) -> Path:
+def standin_archive(buildah: engine.Engine, ref: str, ci: Path) -> Path:
     """``ref`` from buildah's storage as a docker-archive, made once per image id (pushing straight to
-    the daemon fails: "writing blob: io: read/write on closed pipe")."""
+    the daemon fails: "writing blob: io: read/write on closed pipe"). ``ci``: the cache's CI folder."""
     image_id = buildah.inspect(ref)["FromImageID"]
-    archive = store_root / "ci" / "archives" / f"{image_id[:24]}.tar"
+    archive = ci / "archives" / f"{image_id[:24]}.tar"
     if not archive.exists():
         archive.parent.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
@@ -232,11 +231,11 @@ def standin_archive(buildah: engine.Engine, ref: str, store_root: Path) -> Path:
     return archive
 
 
-def load_into(docker: engine.Engine, buildah: engine.Engine, ref: str, store_root: Path) -> str:
+def load_into(docker: engine.Engine, buildah: engine.Engine, ref: str, ci: Path) -> str:
     """Make ``ref`` present in the daemon with buildah's layers (docker load of its archive); what was done."""
     if docker.image_exists(ref) and docker.diff_ids(ref) == buildah.diff_ids(ref):
         return "present"
-    archive = standin_archive(buildah, ref, store_root)
+    archive = standin_archive(buildah, ref, ci)
     started = time.monotonic()
     sh(docker.exe, "load", "-q", "-i", str(archive))
     if docker.diff_ids(ref) != buildah.diff_ids(ref):
@@ -269,7 +268,7 @@ def engine_checks(run: Run, eng: engine.Engine, buildah: BuildahResult) -> None:
             version = sh(eng.exe, "version", "--format", "{{.Client.Version}} / daemon {{.Server.Version}}")
             run.figures.append(f"docker: CLI {version}, the check's own daemon (loopback only)")
             for ref in [buildah.base, *([buildah.root.tool] if buildah.root else [])]:
-                run.figures.append(f"docker: stand-in {ref} {load_into(eng, bh, ref, run.store.root)}")
+                run.figures.append(f"docker: stand-in {ref} {load_into(eng, bh, ref, run.store.ci)}")
         built = _engine_builds(run, eng, tag, buildah)
         if built is None:
             return
@@ -553,7 +552,7 @@ def standin_base(run: Run) -> None:
         run.figures.append("stand-in base: present (cached)")
     else:
         started = time.monotonic()
-        tar = rootfs_tar(run.store.root, args.suite, args.mirror or apt_mirror())
+        tar = rootfs_tar(run.store.ci, args.suite, args.mirror or apt_mirror())
         after_rootfs = time.monotonic()
         python = args.python or str(testenv.ensure(run.the_lock, run.store).python)
         site = make_standin(eng, ref, run.the_lock, python, tar)
@@ -662,7 +661,7 @@ def check_root_build(run: Run, layers: list[str]) -> RootBuild:
         sh(eng.exe, "rmi", "-f", tool)
     if not eng.image_exists(tool):
         started = time.monotonic()
-        rootfs = rootfs_tar(run.store.root, args.tool_suite, args.mirror or apt_mirror(), TOOL_PACKAGES)
+        rootfs = rootfs_tar(run.store.ci, args.tool_suite, args.mirror or apt_mirror(), TOOL_PACKAGES)
         make_tool_standin(eng, tool, rootfs, machine_ca_bundle())
         run.figures.append(f"tool stand-in {tool} created in {time.monotonic() - started:.0f} s")
     root = RootBuild(run.ref, tool, run.site, context.source_date_epoch, layers, eng.labels(TAG))
@@ -731,7 +730,7 @@ def run_checks(proj: project.Project, options: Options) -> int:
         if os.geteuid() != 0:
             raise engine.EngineError("ci-image needs root (buildah with chroot isolation)")
         store = Store()
-        use_storage(store.root, options.storage_driver)
+        use_storage(store.ci, options.storage_driver)
         eng = engine.find_engine("buildah")
         engines, not_checked = other_engines(options.engines)
         figures += not_checked

@@ -76,12 +76,12 @@ class Daemon:
     """dockerd with this check's own paths; ``host`` is the DOCKER_HOST that reaches it."""
 
     def __init__(self, store: Store, run_dir: Path = RUN_DIR) -> None:
-        self.data_root = store.root / "ci" / "docker"
+        self.data_root = store.ci / "docker"
         self.run_dir = run_dir
         self.pidfile = run_dir / "docker.pid"
         self.socket = run_dir / "docker.sock"
         self.exec_root = run_dir / "exec"
-        self.log = store.root / "ci" / "dockerd.log"
+        self.log = store.ci / "dockerd.log"
         self.host = f"unix://{self.socket}"
         self.process: subprocess.Popen | None = None
 

@@ -112,11 +112,12 @@ def apt_mirror(apt_dir: Path = Path("/etc/apt")) -> str:
 
 
 def rootfs_tar(
-    store_root: Path, suite: str, mirror: str, packages: tuple[str, ...] = ("python3",), name: str | None = None
+    ci: Path, suite: str, mirror: str, packages: tuple[str, ...] = ("python3",), name: str | None = None
 ) -> Path:
-    """The cached minbase root filesystem of ``suite`` with ``packages`` (debootstrap once), as a tar."""
+    """The minbase root filesystem of ``suite`` with ``packages`` (debootstrap once), as a tar kept in
+    ``ci``, the cache's CI folder (``Store.ci``)."""
     name = name or ("python3" if packages == ("python3",) else "tool")
-    tar = store_root / "ci" / f"debian-{suite}-{name}.tar"
+    tar = ci / f"debian-{suite}-{name}.tar"
     if tar.exists():
         return tar
     if shutil.which("debootstrap") is None:

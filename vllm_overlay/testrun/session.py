@@ -161,7 +161,7 @@ def _session(
 
     store = Store()
     # Each series' hypothesis example database, kept in the cache: a failing example replays first.
-    config.oracle_db = store.root / "oracle-examples"
+    config.oracle_db = store.oracle_examples
     the_lock = lock.load(proj.lock_file)
     every = series.load_series(proj.patches)
     selected = series.select(every, options.only)

@@ -16,25 +16,23 @@ to a given environment), so a failure the machine caused is never served to anot
 
 Entries live in ``<cache>/verdicts/<environment key>-r<runner version>/``; a new environment or
 runner version starts an empty scope, and ``scripts/cache --prune`` removes the other scopes.
-Writes are atomic (a reader never sees half an entry) and taken under the cache's lock. Every
-entry names the key it answers and carries an HMAC made with the cache's own secret
-(``verdicts/.secret``, made on first use, readable by its owner only): a file under another key's
-name, or one the store did not write (copied in, edited, forged), is ignored with a warning that
-says which, and its tests run again.
+They are kept, signed and checked as every verdict of the cache is (vllm_overlay.signed_verdicts:
+atomic writes under the cache's lock, an HMAC with the cache's own secret): a file under another
+key's name, or one the store did not write (copied in, edited, forged), is ignored with a warning
+that says which, and its tests run again.
 """
 
 from __future__ import annotations
 
 import ast
 import hashlib
-import hmac
 import json
 import os
 import subprocess
 import tomllib
 from pathlib import Path
 
-from vllm_overlay import atomicfile, output
+from vllm_overlay.signed_verdicts import SignedVerdicts
 from vllm_overlay.store import Store
 from vllm_overlay.testrun.verdicts import Result, spec_file
 
@@ -44,7 +42,6 @@ SKIP_PARTS = {"__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache", ".hy
 # patch regression tests, the benchmarks or the prose.
 TOOL_EXCLUDED = ("tests/patches/", "tests/upstream/", "benchmarks/", "build/")
 CACHEABLE_EXITS = (0, 1, 4, 5)
-SECRET_NAME = ".secret"
 # Variables a test run inherits that change what tests do (the rest, such as PATH or TERM, name
 # where things are, not what they decide).
 MACHINE_PREFIXES = ("VLLM_", "PYTEST", "PYTHON", "HF_", "TRANSFORMERS_", "TORCH", "CUDA_", "GIT_", "LC_")
@@ -210,84 +207,33 @@ def tool_digest(project_root: Path) -> str:
     return _digest_files(project_root, [r for r in rels if (project_root / r).is_file()])
 
 
-class VerdictStore:
+class VerdictStore(SignedVerdicts):
+    """test-patches' scope of the cache's verdict store: Results under keys made of what decided them."""
+
     def __init__(self, store: Store, scope: str, enabled: bool = True) -> None:
-        self.store = store
-        self.root = store.root / "verdicts" / scope
+        super().__init__(store, scope, again="its tests run again")
         self.enabled = enabled  # False (--no-cache): never read, still written
 
     @staticmethod
     def key(*parts: object) -> str:
         return hashlib.sha256(json.dumps([RUNNER_VERSION, *parts], sort_keys=True).encode()).hexdigest()
 
-    def path(self, key: str) -> Path:
-        return self.root / key[:2] / f"{key}.json"
-
-    def _secret(self) -> bytes:
-        """The cache's own key for signing entries (made under the store's lock on first use)."""
-        path = self.root.parent / SECRET_NAME
-        try:
-            return path.read_bytes()
-        except FileNotFoundError:
-            pass
-        with self.store.exclusive():
-            if not path.exists():
-                path.parent.mkdir(parents=True, exist_ok=True)
-                fd, tmp = atomicfile.create_temp(path.parent, ".secret.", ".tmp")
-                try:
-                    os.fchmod(fd, 0o600)
-                    os.write(fd, os.urandom(32))
-                    os.close(fd)
-                    os.replace(tmp, path)
-                finally:
-                    tmp.unlink(missing_ok=True)
-        return path.read_bytes()
-
-    def _mac(self, key: str, what: object, result: object) -> str:
-        body = json.dumps([key, what, result], sort_keys=True).encode()
-        return hmac.new(self._secret(), body, hashlib.sha256).hexdigest()
-
     def load(self, key: str) -> Result | None:
         """The stored result for ``key``, or None: absent, or refused (a warning says why: its tests run again)."""
         if not self.enabled:
             return None
-        path = self.path(key)
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError) as exc:
-            output.warn(f"verdict store: ignored {path}: it cannot be read ({exc}); its tests run again")
-            return None
-        if not isinstance(data, dict) or data.get("key") != key:
-            answers = data.get("key") if isinstance(data, dict) else None
-            output.warn(
-                f"verdict store: ignored {path}: it answers key {answers!r}, not {key} its name gives; "
-                "its tests run again"
-            )
-            return None
-        if not hmac.compare_digest(str(data.get("mac", "")), self._mac(key, data.get("what"), data.get("result"))):
-            output.warn(
-                f"verdict store: ignored {path}: this cache's store did not write it (its HMAC does not match "
-                f"{self.root.parent / SECRET_NAME}); its tests run again"
-            )
+        entry = self.load_entry(key)
+        if entry is None:
             return None
         try:
-            return Result.from_json(data["result"])
+            return Result.from_json(entry["result"])
         except (KeyError, TypeError, ValueError) as exc:
-            output.warn(f"verdict store: ignored {path}: its result cannot be read ({exc}); its tests run again")
+            self.warn(self.path(key), f"its result cannot be read ({exc})")
             return None
 
     def save(self, key: str, result: Result, what: dict[str, object]) -> bool:
         """Keep ``result`` under ``key`` if it is a finished run (not a crash or a time limit)."""
         if result.timed_out or result.exit_code not in CACHEABLE_EXITS:
             return False
-        path = self.path(key)
-        stored = result.to_json()
-        data = {"key": key, "what": what, "result": stored, "mac": self._mac(key, what, stored)}
-        with self.store.exclusive():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}")
-            tmp.write_text(json.dumps(data, indent=1, sort_keys=True), encoding="utf-8")
-            os.replace(tmp, path)
+        self.save_entry(key, what, result.to_json())
         return True
