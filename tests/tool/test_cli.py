@@ -114,3 +114,14 @@ def test_no_command_imports_the_dispatcher_or_another_command():
 def test_every_verbs_help_says_its_exit_codes(capsys):
     missing = [verb for verb in cli.VERBS if "Exit codes" not in verb_help(verb, capsys)]
     assert missing == []
+
+
+@pytest.mark.parametrize("verb", sorted(cli.VERBS))
+def test_every_verb_exits_2_on_a_bad_argument_and_0_on_its_help(verb, capsys):
+    """The exit codes every verb's --help states: 2 for usage, 0 for --help itself (argparse's own)."""
+    with pytest.raises(SystemExit) as refused:
+        cli.main([verb, "--no-such-option"])
+    assert refused.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: vllm-overlay") and "error: " in err  # argparse's: the usage, then the problem
+    assert verb_help(verb, capsys).startswith(f"usage: vllm-overlay {verb} ")
