@@ -27,6 +27,7 @@ from packaging.version import InvalidVersion, Version
 from vllm_overlay import apply, export, patched_repo, upstream_trees
 from vllm_overlay import lock as lockfile
 from vllm_overlay.audit import dependencies
+from vllm_overlay.errors import InputError, WorkFailure
 from vllm_overlay.lock import Artifact, Lock
 from vllm_overlay.series import Patch, as_git_am_reads
 from vllm_overlay.store import Store
@@ -38,8 +39,8 @@ PINNED = ("torch", "flashinfer-python")
 WHEEL_ARCHES = ("x86_64", "aarch64")
 
 
-class BumpError(RuntimeError):
-    """The bump cannot start or continue (with the reason and what to do)."""
+class BumpError(WorkFailure, RuntimeError):
+    """The bump cannot start or continue (with the reason and what to do): exit 1."""
 
 
 @dataclass
@@ -179,7 +180,7 @@ def start(
     return repo
 
 
-class ForeignRepository(BumpError):
+class ForeignRepository(InputError, BumpError):
     """--repo names a directory bump did not make: an input error (exit 2), nothing touched."""
 
 

@@ -81,9 +81,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         report.check_destinations(**{k: v for k, v in destinations.items() if isinstance(v, Path)})
         with gitenv.isolated():  # the user's git configuration never changes what the tool builds
             return int(args._module.run(args))
-    except errors.InputError as exc:  # the one error path: every input error is one line and exit 2
-        output.error(str(exc))
-        return exc.exit_code
+    except (errors.InputError, errors.WorkFailure) as exc:  # the one error path: one line; exit 2 or 1
+        return errors.report(exc)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM where the verb turned it into one
+        output.error(str(exc) if isinstance(exc, errors.Interrupted) else "interrupted")
+        return errors.Interrupted.exit_code
     except BrokenPipeError:  # `lint-patches | head`: the reader has all it wanted
         return _stdout_closed()
     finally:

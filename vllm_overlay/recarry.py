@@ -36,14 +36,15 @@ import git
 import unidiff
 
 from vllm_overlay import atomicfile, bump, carry, export, lock, patched_repo, series, upstream_trees
+from vllm_overlay.errors import WorkFailure
 from vllm_overlay.store import Store
 
 WORK_DIR = "carry-cpu"
 PREVIOUS_REF = "refs/vllm-overlay/previous-carry"
 
 
-class RecarryError(RuntimeError):
-    """The carry cannot start, continue or finish (with the reason and what to do)."""
+class RecarryError(WorkFailure, RuntimeError):
+    """The carry cannot start, continue or finish (with the reason and what to do): exit 1."""
 
 
 class NeedsPerson(RecarryError):

@@ -143,6 +143,25 @@ def test_an_input_error_of_the_tests_fails_the_bump_as_their_exit_code(project, 
     assert "the test environment is not pristine" in said and "test-patches failed (exit 2)" in said
 
 
+def test_tests_interrupted_fail_the_bump_as_their_exit_code(project, command, monkeypatch, capsys):
+    """test-patches' Ctrl-C line (exit 130 through cli.main) inside a bump: said, restored, exit 1."""
+    run, _ = command
+    before = snapshot(project)
+    assert run("0.34.0") == 1
+    resolve_by_hand(project / "build" / "bump")
+
+    def interrupted(proj, options):
+        raise errors.Interrupted("interrupted; the shared test environment was not modified")
+
+    monkeypatch.setattr(testrun, "run_patch_tests", interrupted)
+    capsys.readouterr()
+    assert run("--continue") == 1
+    assert snapshot(project) == before
+    said = capsys.readouterr().err.splitlines()
+    assert said[0] == "error: interrupted; the shared test environment was not modified"
+    assert said[1].startswith("error: test-patches failed (exit 130): restored ")
+
+
 def test_abort_leaves_a_committed_bump_alone(project, command, capsys):
     run, _ = command
     before = snapshot(project)

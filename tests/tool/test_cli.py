@@ -132,3 +132,14 @@ def test_the_readme_has_one_verb_row_per_user_facing_script_and_every_verb():
     assert sorted(named) == sorted(set(named)), "a script has two rows"
     assert set(named) == scripts
     assert set(cli.VERBS) <= set(named)
+
+
+@pytest.mark.parametrize("verb", sorted(cli.VERBS))
+def test_every_verb_exits_2_on_a_bad_argument_and_0_on_its_help(verb, capsys):
+    """The exit codes every verb's --help states: 2 for usage, 0 for --help itself (argparse's own)."""
+    with pytest.raises(SystemExit) as refused:
+        cli.main([verb, "--no-such-option"])
+    assert refused.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: vllm-overlay") and "error: " in err  # argparse's: the usage, then the problem
+    assert verb_help(verb, capsys).startswith(f"usage: vllm-overlay {verb} ")

@@ -1,4 +1,4 @@
-"""errors: an input error is one line on stderr and exit 2; a failure of the work itself exits 1.
+"""errors: an input error is one line on stderr and exit 2; a failure of the work itself exits 1; Ctrl-C 130.
 
 The module promises that every error a user can fix derives from InputError and that cli.main is
 its one error path, replacing the commands' own ``except ...: return 2`` blocks. The last test
@@ -14,6 +14,8 @@ import importlib
 import pkgutil
 from pathlib import Path
 
+import pytest
+
 import vllm_overlay
 from tests.tool.helpers import PatchMaker, change_line_20, replace_line, run_apply, write_upstream
 from vllm_overlay import cli, errors
@@ -23,6 +25,79 @@ def test_input_error_exits_2_and_is_an_exception() -> None:
     assert errors.InputError.exit_code == 2
     assert issubclass(errors.InputError, Exception) and not issubclass(errors.InputError, KeyboardInterrupt)
     assert str(errors.InputError("the lock is torn")) == "the lock is torn"
+
+
+def test_a_work_failure_exits_1_and_an_interrupt_130() -> None:
+    assert errors.WorkFailure.exit_code == 1 and not issubclass(errors.WorkFailure, errors.InputError)
+    assert errors.Interrupted.exit_code == 130 and issubclass(errors.Interrupted, KeyboardInterrupt)
+
+
+@pytest.mark.parametrize(
+    ("raised", "code", "said"),
+    [
+        (errors.InputError("the lock is torn"), 2, "error: the lock is torn\n"),
+        (errors.WorkFailure("2 problem(s) in patches/"), 1, "error: 2 problem(s) in patches/\n"),
+        (
+            errors.Interrupted("interrupted; build/patched unchanged"),
+            130,
+            "error: interrupted; build/patched unchanged\n",
+        ),
+        (KeyboardInterrupt(), 130, "error: interrupted\n"),  # a verb that has nothing to say about it
+        (KeyboardInterrupt("SIGTERM"), 130, "error: interrupted\n"),  # interrupts.terminate_as_interrupt's
+    ],
+)
+def test_cli_main_is_the_one_error_path_of_every_verb(
+    tmp_path: Path, capsys, monkeypatch, raised: BaseException, code: int, said: str
+) -> None:
+    """Whatever verb raises it: one line on stderr, nothing on stdout, the class's exit code."""
+    from vllm_overlay.commands import cache
+
+    def fail(args: object) -> int:
+        raise raised
+
+    monkeypatch.setattr(cache, "run", fail)
+    assert cli.main(["cache", "--project", str(tmp_path)]) == code
+    assert capsys.readouterr() == ("", said)
+
+
+def test_errors_report_says_it_as_cli_main_does(capsys) -> None:
+    """For a caller that runs a verb's work inside its own (bump's test-patches run) and goes on."""
+    assert errors.report(errors.WorkFailure("patches/ is stale")) == 1
+    assert capsys.readouterr().err == "error: patches/ is stale\n"
+
+
+def _exit_codes_returned_by_hand(path: Path) -> list[str]:
+    """``except ...: return N`` in ``path``: an exit code (1, 2, 130, a caught error's ``exit_code``, or a
+    result made of one) returned from an exception handler instead of raised through cli.main."""
+    found = []
+    for handler in (
+        n for n in ast.walk(ast.parse(path.read_text(encoding="utf-8"))) if isinstance(n, ast.ExceptHandler)
+    ):
+        for node in (inner for statement in handler.body for inner in ast.walk(statement)):
+            if not isinstance(node, ast.Return) or node.value is None:
+                continue
+            value = node.value
+            if isinstance(value, ast.Call) and value.args:
+                value = value.args[0]  # PatchTestResult(2)
+            code = isinstance(value, ast.Constant) and type(value.value) is int and value.value in (1, 2, 130)
+            if code or (isinstance(value, ast.Attribute) and value.attr == "exit_code"):
+                found.append(
+                    f"{path.relative_to(Path(vllm_overlay.__file__).parent)}:{node.lineno}: {ast.unparse(node)}"
+                )
+    return found
+
+
+def test_no_module_turns_an_error_into_an_exit_code_by_hand() -> None:
+    """Errors are raised to cli.main (or said by errors.report), never caught and answered with a number."""
+    package = Path(vllm_overlay.__file__).parent
+    one_path = {package / "cli.py", package / "errors.py"}
+    offenders = [
+        hit
+        for path in sorted(package.rglob("*.py"))
+        if path not in one_path
+        for hit in _exit_codes_returned_by_hand(path)
+    ]
+    assert offenders == []
 
 
 def test_cli_reports_an_input_error_in_one_line_and_exits_2(tmp_path: Path, capsys) -> None:

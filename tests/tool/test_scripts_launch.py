@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -83,3 +84,47 @@ def test_every_verb_has_its_command_and_every_command_but_the_shell_ones_is_laun
     shell = {"_launch.sh", "_entry.py", "check", "setup"}
     assert sorted(p.name for p in SCRIPTS.iterdir() if p.name not in shell) == LAUNCHED
     assert LAUNCHED == sorted(VERBS)
+
+
+@pytest.fixture(scope="module")
+def bare_python(tmp_path_factory) -> Path:
+    """An interpreter of this Python's version with none of the tool's dependencies: before scripts/setup."""
+    venv = tmp_path_factory.mktemp("bare") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
+    python = venv / "bin" / "python"
+    assert subprocess.run([str(python), "-c", "import unidiff"], capture_output=True).returncode != 0
+    return python
+
+
+@pytest.mark.parametrize("verb", ["lint-patches", "cache", "test-patches"])
+def test_a_verb_run_before_setup_says_in_one_line_to_run_it(bare_python, tmp_path, verb):
+    done = subprocess.run(
+        [str(bare_python), str(SCRIPTS / "_entry.py"), verb, "--project", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"{verb}: missing dependency '") and len(done.stderr.splitlines()) == 1
+    assert f"Run: {SCRIPTS / 'setup'} " in done.stderr and done.stdout == ""
+
+
+def test_its_help_needs_no_dependency(bare_python):
+    done = subprocess.run(
+        [str(bare_python), str(SCRIPTS / "_entry.py"), "lint-patches", "--help"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: vllm-overlay lint-patches ")
+
+
+def test_a_missing_module_that_is_no_dependency_is_not_blamed_on_setup(monkeypatch):
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        import _entry
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    assert _entry.missing_dependency(ModuleNotFoundError(name="unidiff"))
+    assert _entry.missing_dependency(ModuleNotFoundError(name="git.exc"))
+    assert not _entry.missing_dependency(ModuleNotFoundError(name="vllm_overlay.no_such_module"))
+    assert not _entry.missing_dependency(ModuleNotFoundError(name="tomllib"))
+    assert not _entry.missing_dependency(ModuleNotFoundError())

@@ -85,3 +85,18 @@ def test_an_installed_environment_is_reused_without_pip(checkout):
     assert (checkout / ".venv" / "pyvenv.cfg").stat().st_ino == before
     # --test wants the test extras, which no stamp records: it installs, and this pyproject.toml cannot be.
     assert setup(checkout, sys.executable, "--test").returncode != 0
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_says_what_it_does_and_exits_0_touching_nothing(checkout, flag):
+    result = setup(checkout, sys.executable, flag)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: scripts/setup [--test | --help]\n") and "--test" in result.stdout
+    assert "Exit codes" in result.stdout and result.stderr == ""
+    assert not (checkout / ".venv").exists()
+
+
+def test_an_unknown_option_is_the_usage_line_and_exit_2(checkout):
+    result = setup(checkout, sys.executable, "--tset")
+    assert (result.returncode, result.stderr, result.stdout) == (2, "usage: scripts/setup [--test | --help]\n", "")
+    assert not (checkout / ".venv").exists()

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vllm_overlay import indexes, output, project
+from vllm_overlay.errors import InputError, Interrupted
 
 if TYPE_CHECKING:
     from vllm_overlay import apply, lock, series, upstream_trees
@@ -97,8 +98,7 @@ def run(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:  # while obtaining the upstream: end the git it may have started
             interrupts.end_child_processes()
             published = False
-    output.error(f"interrupted; {target} " + ("already holds the new tree" if published else "unchanged"))
-    return 130
+    raise Interrupted(f"interrupted; {target} " + ("already holds the new tree" if published else "unchanged"))
 
 
 def _run(args: argparse.Namespace, proj: project.Project, target: Path) -> int:
@@ -212,8 +212,7 @@ def _build(
             kept=kept_builds.KeptBuilds(store, inputs, upstream.commit, verified_upstream),
         )
     except git_failures() as exc:  # not a patch's fault (that is a status): the machine's
-        output.error(f"git failed: {git_failure_text(exc)}; {target} unchanged")
-        return 2
+        raise InputError(f"git failed: {git_failure_text(exc)}; {target} unchanged") from exc
     return _report_applied(args, result, patches, the_lock, store, upstream, target)
 
 
@@ -255,8 +254,7 @@ def _report_applied(
         if args.json:
             report.write_json(result.to_json(), args.json)
     except upstream_trees.SourceError as exc:
-        output.error(f"{exc} (the patched tree was written: {target})")
-        return 2
+        raise upstream_trees.SourceError(f"{exc} (the patched tree was written: {target})") from exc
     except KeyboardInterrupt:
         raise apply.Interrupted(target, result.published) from None
     return 0 if result.ok else 1

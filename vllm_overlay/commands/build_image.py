@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 
 from vllm_overlay import output, project
+from vllm_overlay.errors import InputError
 from vllm_overlay.image import engine
 
 
@@ -88,8 +89,7 @@ def run(args: argparse.Namespace) -> int:
     for item in args.build_arg:
         key, sep, value = item.partition("=")
         if not sep:
-            output.error(f"--build-arg {item!r}: expected KEY=VALUE")
-            return 2
+            raise InputError(f"--build-arg {item!r}: expected KEY=VALUE")
         extra_args[key] = value
     options = build.BuildOptions(
         engine=args.engine,

@@ -29,6 +29,7 @@ import shutil
 from pathlib import Path
 
 from vllm_overlay import indexes, output, project
+from vllm_overlay.errors import InputError, Interrupted, WorkFailure
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,17 +58,13 @@ def run(args: argparse.Namespace) -> int:
         shutil.rmtree(repo_dir, ignore_errors=True)  # cut short before it was a bump's repository: ours alone
     backup = repo_dir / ".git" / bump.BACKUP_DIR
     if backup.exists():
-        output.error("interrupted while patches/ and upstream.lock were rewritten: scripts/bump --abort restores them")
-    else:
-        output.error(
-            "interrupted; patches/ and upstream.lock unchanged"
-            + (
-                f" (the bump's repository stays in {repo_dir}: --continue or --abort)"
-                if bump.made_by_bump(repo_dir)
-                else ""
-            )
+        raise Interrupted(
+            "interrupted while patches/ and upstream.lock were rewritten: scripts/bump --abort restores them"
         )
-    return 130
+    stays = (
+        f" (the bump's repository stays in {repo_dir}: --continue or --abort)" if bump.made_by_bump(repo_dir) else ""
+    )
+    raise Interrupted(f"interrupted; patches/ and upstream.lock unchanged{stays}")
 
 
 def _run(args: argparse.Namespace, proj: project.Project, repo_dir: Path) -> int:
@@ -76,38 +73,30 @@ def _run(args: argparse.Namespace, proj: project.Project, repo_dir: Path) -> int
 
     store = Store()
     if sum([bool(args.version), args.resume, args.abort]) != 1:
-        output.error("give exactly one of: VERSION, --continue, --abort")
-        return 2
-    try:
-        if args.abort:
-            for line in bump.abort(repo_dir, proj.patches, proj.lock_file):
-                output.info(line)
-            return 0
-        if args.version and repo_dir.exists():
-            bump.refuse_foreign(repo_dir)  # before anything is downloaded
-        the_lock = lock.load(proj.lock_file)
-        if args.resume:
-            bump.resume(repo_dir)
-        else:
-            upstream = upstream_trees.obtain(args.version, the_lock, store)
-            if upstream.kind not in ("release", "locked"):
-                output.error("bump needs a published release number; use audit-upstream for directories and git")
-                return 2
-            bump.check_direction(the_lock.version, upstream.version or args.version, args.allow_downgrade)
-            patches = series.load_series(proj.patches)
-            output.info(f"applying {len(patches)} patches onto {upstream.label} with git am --3way in {repo_dir}")
-            locked = upstream_trees.obtain(None, the_lock, store)
-            bump.start(patches, upstream, store, repo_dir, args.version, seed_base=locked.commit)
-        state = bump.BumpState.load(repo_dir)
-        upstream = upstream_trees.Upstream(**state.upstream)  # type: ignore[arg-type]
-        relocked = bump.new_lock(the_lock, upstream, store)
-        changed = bump.install(repo_dir, proj.patches, proj.lock_file, relocked)
-    except bump.ForeignRepository as exc:
-        output.error(str(exc))
-        return 2
-    except bump.BumpError as exc:
-        output.error(str(exc))
-        return 1
+        raise InputError("give exactly one of: VERSION, --continue, --abort")
+    # A refused or stopped bump (bump.BumpError) ends in cli.main: exit 1; a foreign --repo there: exit 2.
+    if args.abort:
+        for line in bump.abort(repo_dir, proj.patches, proj.lock_file):
+            output.info(line)
+        return 0
+    if args.version and repo_dir.exists():
+        bump.refuse_foreign(repo_dir)  # before anything is downloaded
+    the_lock = lock.load(proj.lock_file)
+    if args.resume:
+        bump.resume(repo_dir)
+    else:
+        upstream = upstream_trees.obtain(args.version, the_lock, store)
+        if upstream.kind not in ("release", "locked"):
+            raise InputError("bump needs a published release number; use audit-upstream for directories and git")
+        bump.check_direction(the_lock.version, upstream.version or args.version, args.allow_downgrade)
+        patches = series.load_series(proj.patches)
+        output.info(f"applying {len(patches)} patches onto {upstream.label} with git am --3way in {repo_dir}")
+        locked = upstream_trees.obtain(None, the_lock, store)
+        bump.start(patches, upstream, store, repo_dir, args.version, seed_base=locked.commit)
+    state = bump.BumpState.load(repo_dir)
+    upstream = upstream_trees.Upstream(**state.upstream)  # type: ignore[arg-type]
+    relocked = bump.new_lock(the_lock, upstream, store)
+    changed = bump.install(repo_dir, proj.patches, proj.lock_file, relocked)
     output.result(f"series refreshed onto {relocked.version}: {len(changed)} file(s) changed: {', '.join(changed)}")
     output.result(f"upstream.lock now pins {relocked.project} {relocked.version} (commit {relocked.commit})")
     output.result("until they are committed, `scripts/bump --abort` restores patches/ and upstream.lock")
@@ -120,11 +109,10 @@ def _run(args: argparse.Namespace, proj: project.Project, repo_dir: Path) -> int
     code = _test_patches(proj)
     if code != 0:
         restored = bump.restore(repo_dir, proj.patches, proj.lock_file)
-        output.error(
+        raise WorkFailure(
             f"test-patches failed (exit {code}): restored {len(restored)} file(s) of patches/ and upstream.lock; "
             f"the refreshed series stays in {repo_dir} (fix it there, then scripts/bump --continue, or --abort)"
         )
-        return 1
     return 0
 
 
@@ -134,6 +122,5 @@ def _test_patches(proj: project.Project) -> int:
 
     try:
         return testrun.run_patch_tests(proj, testrun.PatchTestOptions()).code
-    except errors.InputError as exc:
-        output.error(str(exc))
-        return exc.exit_code
+    except (errors.InputError, errors.Interrupted) as exc:  # said as cli.main says it; the bump restores, exits 1
+        return errors.report(exc)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 
 from vllm_overlay import output, project
+from vllm_overlay.errors import InputError
 
 GB = 1000**3
 
@@ -47,8 +48,7 @@ def run(args: argparse.Namespace) -> int:
     the_lock = lock.load(proj.lock_file)
     store = Store()
     if args.dry_run and not args.prune:
-        output.error("--dry-run only goes with --prune")
-        return 2
+        raise InputError("--dry-run only goes with --prune")
     if args.env_python:
         print(testenv.ensure(the_lock, store).python)
         return 0

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 
 from vllm_overlay import output, project
+from vllm_overlay.errors import WorkFailure
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,19 +35,18 @@ def run(args: argparse.Namespace) -> int:
 
     root = project.from_args(args).root
     store = Store()
+    # A refused or stopped carry (recarry.RecarryError, bump.BumpError) ends in cli.main: exit 1.
     try:
         if args.abort:
             for line in recarry.abort(root):
                 output.info(line)
             return 0
         done = recarry.resume(root, store) if args.resume else recarry.start(root, store)
-    except recarry.NeedsPerson as exc:
-        output.error(str(exc).replace("scripts/bump --continue", "scripts/carry-cpu --continue").replace(
-            "scripts/bump --abort", "scripts/carry-cpu --abort"))  # fmt: skip
-        return 1
-    except (recarry.RecarryError, bump.BumpError, carry.CarryError) as exc:
-        output.error(str(exc))
-        return 1
+    except recarry.NeedsPerson as exc:  # the stop is bump's: name carry-cpu's own commands
+        raise recarry.NeedsPerson(str(exc).replace("scripts/bump --continue", "scripts/carry-cpu --continue").replace(
+            "scripts/bump --abort", "scripts/carry-cpu --abort")) from exc  # fmt: skip
+    except (carry.CarryError, bump.ForeignRepository) as exc:  # input errors elsewhere; here, a carry refused
+        raise WorkFailure(str(exc)) from exc
     for name in done.reused:
         output.result(f"reused from the earlier carry: {name}")
     for name in done.anew:

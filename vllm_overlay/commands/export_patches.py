@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 
 from vllm_overlay import output, project
+from vllm_overlay.errors import InputError, Interrupted, WorkFailure
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,8 +57,7 @@ def run(args: argparse.Namespace) -> int:
     proj = project.from_args(args)
     repo_dir = (args.repo or proj.patched_tree).resolve()
     if not repo_dir.is_dir():
-        output.error(f"{repo_dir}: no patched repository; run scripts/apply-patches first")
-        return 2
+        raise InputError(f"{repo_dir}: no patched repository; run scripts/apply-patches first")
 
     written: list[bool] = []  # set once patches/ holds the new series (the write is never cut in two)
     with interrupts.terminate_as_interrupt():
@@ -70,10 +70,8 @@ def run(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             interrupts.end_child_processes()  # the git a SIGTERM did not reach
     if written:
-        output.error("interrupted after patches/ was written: it holds the whole exported series")
-    else:
-        output.error("interrupted; patches/ unchanged")
-    return 130
+        raise Interrupted("interrupted after patches/ was written: it holds the whole exported series")
+    raise Interrupted("interrupted; patches/ unchanged")
 
 
 def _export(args: argparse.Namespace, proj: project.Project, repo_dir: Path, written: list[bool]) -> int:
@@ -89,8 +87,7 @@ def _export(args: argparse.Namespace, proj: project.Project, repo_dir: Path, wri
         diff = export.differences(proj.patches, wanted)
         if diff:
             sys.stdout.writelines(diff)
-            output.error("patches/ is stale: run scripts/export-patches")
-            return 1
+            raise WorkFailure("patches/ is stale: run scripts/export-patches")
         output.info(f"patches/ is up to date ({len(wanted) - 1} patches)")
         return 0
     removed = set(export.stale_files(proj.patches, wanted))

@@ -26,6 +26,7 @@ import argparse
 from pathlib import Path
 
 from vllm_overlay import output, project
+from vllm_overlay.errors import InputError, WorkFailure
 
 # --upstream-style without TREE: a marker no path given on the command line can equal (Path() would
 # equal an explicit "--upstream-style .").
@@ -62,8 +63,7 @@ def run(args: argparse.Namespace) -> int:
     for problem in problems:
         output.result(problem)
     if problems:
-        output.error(f"{len(problems)} problem(s) in patches/")
-        return 1
+        raise WorkFailure(f"{len(problems)} problem(s) in patches/")
     output.info("patches/: no problems")
     if args.upstream_style is not None:
         tree = proj.patched_tree if args.upstream_style is PATCHED_TREE else args.upstream_style
@@ -96,8 +96,7 @@ def _upstream_style(tree: Path) -> int:
         git.InvalidGitRepositoryError,
         git.NoSuchPathError,
     ) as exc:
-        output.error(f"upstream style: {exc}")
-        return 2
+        raise InputError(f"upstream style: {exc}") from exc
     for finding in report.new_findings:
         output.result(f"{finding}  (not in the pristine file)")
     for name in report.newly_unformatted:
@@ -107,7 +106,6 @@ def _upstream_style(tree: Path) -> int:
         f"{report.pristine_findings} finding(s) pristine, {report.patched_findings} patched"
     )
     if not report.ok:
-        output.error(f"upstream style: {summary}; {len(report.new_findings) + len(report.newly_unformatted)} new")
-        return 1
+        raise WorkFailure(f"upstream style: {summary}; {len(report.new_findings) + len(report.newly_unformatted)} new")
     output.info(f"upstream style: {summary}; none new")
     return 0

@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
         deep=args.deep,
     )
     result = testrun.run_patch_tests(project.from_args(args), options)
-    if result.report is None:  # stopped before there was anything to report (exit 2 or 130)
+    if result.report is None:  # stopped before there was anything to report (exit 2)
         return result.code
     if args.json:
         report.write_json(result.to_json(), args.json)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vllm_overlay import interrupts, output, project
-from vllm_overlay.errors import InputError
+from vllm_overlay.errors import InputError, Interrupted
 
 if TYPE_CHECKING:
     from vllm_overlay.e2e import suite
@@ -180,8 +180,7 @@ def run(args: argparse.Namespace) -> int:
         with interrupts.terminate_as_interrupt():  # SIGTERM too: the servers stop in the suite's finally blocks
             outcome = _serve(root, args)
     except KeyboardInterrupt:
-        output.error("interrupted: every server this run started was stopped; no verdict kept")
-        return 130
+        raise Interrupted("interrupted: every server this run started was stopped; no verdict kept") from None
     output.result(suite.render(outcome))
     return 0 if outcome.ok else 1
 

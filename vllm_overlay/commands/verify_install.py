@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from vllm_overlay import atomicfile, cpu_runtime, lock, output, project, shadow, wheel_record
+from vllm_overlay.errors import InputError
 from vllm_overlay.image import verify
 from vllm_overlay.store import Store
 
@@ -56,14 +57,13 @@ def expected_record(
 
 def run(args: argparse.Namespace) -> int:
     proj = project.from_args(args)
-    try:
+    try:  # the lock's and the wheel RECORD's own errors are input errors already (cli.main: exit 2)
         the_lock = lock.load(proj.lock_file)
         site = args.site_packages or shadow.installed_package_dir(args.python or "python3").parent
         manifest, origin = verify.choose_manifest(site, args.manifest, the_lock)
         wheel = expected_record(proj, the_lock, manifest, args.arch)
-    except (lock.LockError, FileNotFoundError, OSError, ValueError, KeyError, wheel_record.WheelRecordError) as exc:
-        output.error(str(exc))
-        return 2
+    except (OSError, ValueError, KeyError) as exc:  # no vllm there, an unreadable or malformed manifest
+        raise InputError(str(exc)) from exc
     output.info(
         f"verifying {site} (manifest: {origin}; expected files: {wheel.wheel}'s RECORD, sha256 {wheel.sha256[:16]})"
     )

@@ -3,8 +3,8 @@
 The files the tree changes against its upstream base are laid over the interpreter's installed
 vllm package as a shadow on PYTHONPATH; the installation itself is never modified.
 
-Exit codes: the command's own; 2 no command given, or a usage or input error (a base that is not a
-revision of the tree, an interpreter without vllm).
+Exit codes: the command's own; 2 no command given, or a usage or input error (a tree that is not a
+git repository, a base that is not a revision of the tree, an interpreter without vllm).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vllm_overlay import shadow
+from vllm_overlay.errors import InputError
 
 if TYPE_CHECKING:
     import git
@@ -48,21 +49,26 @@ def upstream_base(repo: git.Repo) -> str:
     try:
         return patched_repo.base_name(repo, patched_repo.upstream_base(repo))
     except patched_repo.NoUpstream as exc:
-        raise SystemExit(f"{exc}; pass --base") from None
+        raise patched_repo.NoUpstream(f"{exc}; pass --base") from None
 
 
 def changed_package_files(tree: Path, base: str | None) -> list[str]:
     """Files of the tree that differ from the upstream revision, uncommitted edits included."""
     import git
 
-    repo = git.Repo(tree)
+    try:
+        repo = git.Repo(tree)
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+        raise InputError(f"with-patched-vllm: --tree {tree}: not a git repository") from None
     if base is None:
         base = upstream_base(repo)
     if base.startswith("-"):
-        raise SystemExit(f"with-patched-vllm: --base {base!r} starts with '-': git would read it as an option")
-    names = set(
-        repo.git.diff("--name-only", "--no-renames", "--end-of-options", base, "--", shadow.PACKAGE).splitlines()
-    )
+        raise InputError(f"with-patched-vllm: --base {base!r} starts with '-': git would read it as an option")
+    try:
+        diff = repo.git.diff("--name-only", "--no-renames", "--end-of-options", base, "--", shadow.PACKAGE)
+    except git.GitCommandError:
+        raise InputError(f"with-patched-vllm: --base {base!r} is not a revision of {tree}") from None
+    names = set(diff.splitlines())
     names.update(p for p in repo.untracked_files if p.startswith(shadow.PACKAGE + "/"))
     return sorted(names)
 
@@ -70,11 +76,13 @@ def changed_package_files(tree: Path, base: str | None) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
-        print("with-patched-vllm: no command given", file=sys.stderr)
-        return 2
+        raise InputError("with-patched-vllm: no command given")
     python = args.python or (cmd[0] if Path(cmd[0]).name.startswith("python") else "python3")
     changed = changed_package_files(args.tree, args.base)  # the user's input first
-    installed = shadow.installed_package_dir(python)
+    try:
+        installed = shadow.installed_package_dir(python)
+    except OSError as exc:  # no such interpreter, or one without vllm
+        raise InputError(f"with-patched-vllm: {exc}") from exc
     replacements = shadow.replacements_from_tree(args.tree, changed)
     with tempfile.TemporaryDirectory(prefix="vllm-shadow-") as tmp:
         shadow.build_shadow(installed, replacements, (), Path(tmp))

@@ -53,7 +53,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_overlay import indexes, lock, output, project, series, testenv
+from vllm_overlay import errors, indexes, lock, output, project, series, testenv
 from vllm_overlay.errors import InputError
 from vllm_overlay.image import build, build_context, dockerd, engine, sbom
 from vllm_overlay.image.standins import (
@@ -513,8 +513,7 @@ def build_on_standin(run: Run, *, tag: str = TAG, engine_name: str = "buildah") 
     try:
         result = build.build_image(run.proj, options, context=run.context)
     except InputError as exc:  # as cli.main would answer it: the checks read the exit code
-        output.error(str(exc))
-        return exc.exit_code
+        return errors.report(exc)
     run.context = run.context or result.context
     for line in result.summary():
         output.result(line)

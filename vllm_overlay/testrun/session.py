@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vllm_overlay import output
+from vllm_overlay.errors import InputError, Interrupted
 from vllm_overlay.store import Store
 from vllm_overlay.testrun.execute import Config, base_environment, default_jobs, tool_test_python, workdir_lock
 from vllm_overlay.testrun.outcome import RunReport
@@ -106,7 +107,7 @@ class PatchTestOptions:
 class PatchTestResult:
     """What a session ended with: its exit code and, where it got as far, what the reports say."""
 
-    code: int  # 0 every check passed; 1 a patch or the tests failed; 2 usage/input/environment; 130 interrupted
+    code: int  # 0 every check passed; 1 a patch or the tests failed; 2 a selection refused (named above it)
     report: RunReport | None = None  # None: stopped before there was anything to report
     apply_failures: list[tuple[str, str]] = field(default_factory=list)  # (patch, detail) that did not apply
     extra: dict[str, object] = field(default_factory=dict)  # more for the JSON report (the failed apply's)
@@ -123,14 +124,14 @@ class PatchTestResult:
 def run_patch_tests(proj: Project, options: PatchTestOptions) -> PatchTestResult:
     """The whole test-patches session: prints its progress, table and RESULT line; errors in one line.
 
-    Input errors of the lock, the series or the upstream raise ``errors.InputError`` as every verb's do.
+    Input errors (the lock, the series, the upstream, the options, the environment) raise
+    ``errors.InputError`` and Ctrl-C ``errors.Interrupted``, as every verb's do: cli.main says them.
     """
     from vllm_overlay import staging
 
     jobs = default_jobs() if options.jobs is None else options.jobs
     if jobs < 1 or options.timeout < 1 or options.run_timeout < 1:
-        output.error("--jobs, --timeout and --run-timeout must be positive")
-        return PatchTestResult(2)
+        raise InputError("--jobs, --timeout and --run-timeout must be positive")
     config = Config(
         jobs=jobs,
         per_test_timeout=options.timeout,
@@ -146,12 +147,10 @@ def run_patch_tests(proj: Project, options: PatchTestOptions) -> PatchTestResult
         staging.check_tool_directory(workdir, WORKDIR_NAMES, (".patched.staging-*", ".patched.retired-*"))
         with workdir_lock(workdir):
             return _session(proj, options, config, workdir, started)
-    except (RuntimeError, staging.OutputNotOurs) as exc:
-        output.error(str(exc))
-        return PatchTestResult(2)
+    except (RuntimeError, staging.OutputNotOurs) as exc:  # a busy work directory, a git or process failure
+        raise InputError(str(exc)) from exc
     except KeyboardInterrupt:
-        output.error("interrupted; the shared test environment was not modified")
-        return PatchTestResult(130)
+        raise Interrupted("interrupted; the shared test environment was not modified") from None
 
 
 def _session(
@@ -175,9 +174,8 @@ def _session(
     try:
         env = testenv.ensure(the_lock, store, options.env)
         installed = shadow.installed_package_dir(env.python)
-    except (testenv.EnvError, FileNotFoundError) as exc:
-        output.error(str(exc))
-        return PatchTestResult(2)
+    except FileNotFoundError as exc:  # the environment's interpreter has no vllm (testenv.EnvError: an InputError)
+        raise InputError(str(exc)) from exc
     applied = _apply_prefix(prefix, upstream, the_lock, store, workdir / "patched")
     if not applied.ok:
         return _apply_failed(applied)
@@ -205,8 +203,7 @@ def _session(
             info=output.info,
         )
     except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
-        output.error(f"preparing the test trees failed: {exc}")
-        return PatchTestResult(2)
+        raise InputError(f"preparing the test trees failed: {exc}") from exc
     result.setup_seconds = time.monotonic() - started - result.seconds
     result.extra = {
         "upstream": upstream.to_json(),

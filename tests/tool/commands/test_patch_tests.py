@@ -140,6 +140,18 @@ def test_a_count_below_one_is_exit_2_in_one_line(project, store_env, capsys, fla
     assert not (project / "build").exists()
 
 
+def test_an_interrupt_is_exit_130_in_one_line(project, store_env, capsys, monkeypatch):
+    """The real run_patch_tests: Ctrl-C (or SIGTERM) in the session ends through cli.main's one branch."""
+    from vllm_overlay.testrun import session
+
+    def interrupted(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(session, "_session", interrupted)
+    assert cli.main(["test-patches", "--project", str(project)]) == 130
+    assert capsys.readouterr() == ("", "error: interrupted; the shared test environment was not modified\n")
+
+
 def test_a_project_without_a_lock_is_exit_2_in_one_line(tmp_path, store_env, capsys):
     assert cli.main(["test-patches", "--project", str(tmp_path)]) == 2
     err = capsys.readouterr().err
