@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +29,6 @@ from vllm_overlay.series import (
 )
 
 FORMAT_PATCH_OPTIONS = (
-    "--stdout",
     "--zero-commit",
     "--no-signature",
     "--full-index",
@@ -42,6 +42,8 @@ FORMAT_PATCH_OPTIONS = (
 )
 # Ignore the user's and the system's git configuration: export must not depend on who runs it.
 ISOLATED_ENV = {"GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
+# format-patch's environment: isolated, and git's messages untranslated (the diffstat's summary line).
+FORMAT_PATCH_ENV = {**ISOLATED_ENV, "LANGUAGE": "C", "LC_ALL": "C"}
 
 
 class ExportError(InputError, RuntimeError):
@@ -156,14 +158,77 @@ def check_locked_upstream(repo_dir: Path, version: str) -> None:
         )
 
 
-def _unexportable(repo: git.Repo, sha: str) -> str | None:
-    """Why commit ``sha`` cannot become one patch of the series (None: it can)."""
-    commit = repo.commit(sha)
+@dataclass(frozen=True)
+class RangeCommit:
+    """One commit after the upstream base, as one ``git log`` over the range reads it."""
+
+    sha: str
+    parents: list[str]
+    patch_file: str | None  # its last Patch-File trailer (None: none)
+    series: str | None  # its last Series trailer (None: none)
+    message: str  # the raw message (%B)
+
+    @property
+    def summary(self) -> str:
+        return self.message.split("\n", 1)[0]
+
+
+def _last_trailer(values: str) -> str | None:
+    found = [line.strip() for line in values.splitlines() if line.strip()]
+    return found[-1] if found else None
+
+
+def range_commits(repo_dir: Path, base: str) -> list[RangeCommit]:
+    """Every commit from ``base`` (excluded) to HEAD, oldest first, in topological order: one process.
+
+    Fields and commits are NUL-separated (no message or trailer holds a NUL); trailers are read
+    by git's own parser, as ``patched_repo.patch_commits`` and ``trailer_value`` read them.
+    """
+    fields = (
+        "%H",
+        "%P",
+        f"%(trailers:key={PATCH_FILE_TRAILER},valueonly,unfold,separator=%x0a)",
+        "%(trailers:key=Series,valueonly,unfold,separator=%x0a)",
+        "%B",
+    )
+    out = patched_repo.git(
+        repo_dir, "log", "-z", "--reverse", "--topo-order", f"--format={'%x00'.join(fields)}", f"{base}..HEAD"
+    )
+    values = out.split("\0")[:-1]  # every record ends in a NUL
+    commits = []
+    for at in range(0, len(values), len(fields)):
+        sha, parents, patch_file, series, message = values[at : at + len(fields)]
+        commits.append(RangeCommit(sha, parents.split(), _last_trailer(patch_file), _last_trailer(series), message))
+    return commits
+
+
+def touched_paths(repo_dir: Path, commits: list[RangeCommit]) -> dict[str, list[str]]:
+    """The paths each (single-parent) commit changes against its parent: one ``git diff-tree --stdin``.
+
+    Raw output (``-z``): a commit id, then per change a ``:MODES IDS STATUS`` field and its path,
+    so a path never reads as a commit id. Merge and root commits list nothing (export refuses merges).
+    """
+    touched: dict[str, list[str]] = {commit.sha: [] for commit in commits}
+    if not commits:
+        return touched
+    listed = "".join(f"{commit.sha}\n" for commit in commits).encode()
+    out = patched_repo.git(repo_dir, "diff-tree", "--stdin", "-r", "-z", "--no-renames", stdin=listed)
+    current = None
+    fields = iter(out.split("\0"))
+    for field in fields:
+        if field.startswith(":"):
+            touched[current].append(next(fields))  # type: ignore[index]
+        elif field:
+            current = field
+    return touched
+
+
+def _unexportable(commit: RangeCommit, touched: list[str]) -> str | None:
+    """Why ``commit`` (changing ``touched`` against its parent) cannot become one patch of the series."""
     if len(commit.parents) > 1:
         return "is a merge commit; a series is a straight line of commits (git rebase it onto upstream)"
-    if commit.parents and commit.tree == commit.parents[0].tree:
+    if commit.parents and not touched:  # no path differs: its tree is its parent's
         return "changes nothing (an empty commit); drop it (git rebase -i) or give it its change"
-    touched = repo.git.diff_tree("--no-commit-id", "--name-only", "-r", "-z", sha).split("\0")
     attributes = [name for name in touched if name == ".gitattributes" or name.endswith("/.gitattributes")]
     if attributes:
         return (
@@ -171,6 +236,31 @@ def _unexportable(repo: git.Repo, sha: str) -> str | None:
             "the series may not carry git attributes"
         )
     return None
+
+
+def formatted_patches(repo_dir: Path, base: str, count: int) -> list[str]:
+    """``git format-patch`` of every commit from ``base`` to HEAD, one text per commit, oldest first.
+
+    One process for the range, each patch in a file of its own (``--numbered-files``), the bytes
+    those of ``git format-patch -1`` of each commit: no cover letter or threading headers, which a
+    range could get from the repository's config.
+    """
+    with tempfile.TemporaryDirectory(prefix="vllm-overlay-export-") as folder:
+        listed = patched_repo.git(
+            repo_dir,
+            "format-patch",
+            *FORMAT_PATCH_OPTIONS,
+            "--no-cover-letter",
+            "--no-thread",
+            "--numbered-files",
+            "-o",
+            folder,
+            f"{base}..HEAD",
+            env=FORMAT_PATCH_ENV,
+        ).splitlines()
+        if len(listed) != count:
+            raise ExportError(f"{repo_dir}: git format-patch wrote {len(listed)} patches for {count} commits")
+        return [Path(folder, name).read_bytes().decode("utf-8", "surrogateescape") for name in listed]
 
 
 def _uncommitted(repo: git.Repo) -> bool:
@@ -193,19 +283,22 @@ def export_commits(repo_dir: Path) -> list[ExportedPatch]:
         raise ExportError(f"{repo_dir}: {operation} is in progress; finish or abort it first")
     if _uncommitted(repo):
         raise ExportError(f"{repo_dir}: uncommitted changes; commit (or amend) them first")
-    exported: list[ExportedPatch] = []
+    base = _upstream_base(repo)
+    commits = range_commits(repo_dir, base)
+    touched = touched_paths(repo_dir, commits)
+    names: list[str] = []
     used: set[str] = set()
-    for each in patched_repo.patch_commits(repo, _upstream_base(repo)):
-        sha = each.commit
-        problem = _unexportable(repo, sha)
+    for commit in commits:
+        sha = commit.sha
+        problem = _unexportable(commit, touched[sha])
         if problem:
-            raise ExportError(f"commit {sha[:12]} ({repo.commit(sha).summary}) {problem}; nothing was written")
-        message = repo.git.log("-1", "--format=%B", sha)
+            raise ExportError(f"commit {sha[:12]} ({commit.summary}) {problem}; nothing was written")
+        message = commit.message
         problem = message_problem(message.split("\n", 1)[1] if "\n" in message else "")
         if problem:
-            raise ExportError(f"commit {sha[:12]} ({repo.commit(sha).summary}): {problem}; nothing was written")
-        name = each.patch_file
-        series = patched_repo.trailer_value(repo, sha, "Series")
+            raise ExportError(f"commit {sha[:12]} ({commit.summary}): {problem}; nothing was written")
+        name = commit.patch_file
+        series = commit.series
         if name is not None:
             name = _confined_patch_file(name, series, sha)
         else:
@@ -215,9 +308,12 @@ def export_commits(repo_dir: Path) -> list[ExportedPatch]:
         if name in used:
             raise ExportError(f"two commits export to {name}; give one a different subject")
         used.add(name)
-        with repo.git.custom_environment(**ISOLATED_ENV):
-            text = repo.git.format_patch(*FORMAT_PATCH_OPTIONS, "-1", sha, strip_newline_in_stdout=False)
-        exported.append(ExportedPatch(name, _drop_patch_file_trailer(text).encode("utf-8")))
+        names.append(name)
+    texts = formatted_patches(repo_dir, base, len(commits)) if commits else []
+    exported = [
+        ExportedPatch(name, _drop_patch_file_trailer(text).encode("utf-8", "surrogateescape"))
+        for name, text in zip(names, texts, strict=True)
+    ]
     return exported
 
 

@@ -16,7 +16,9 @@ tree's: a plain clone, no sparse setting, no pattern file, no skip-worktree entr
 
 While narrowed, the tree's index is split (``core.splitIndex``): the checkout writes all its
 entries once, as the shared index, and each later write (the series' check on a copy, every
-step of ``git am``) writes only the entries that changed; the finish leaves a whole index.
+step of ``git am``) writes only the entries that changed; the finish leaves a whole index, with
+its cache tree, written after the second of the last file (``settle_index``): the user's first
+``git status`` hashes no file again.
 
 The sparse settings live in a file of their own that the clone's config includes, so that one
 ``git config`` adds them and one removes them; the private index is made from the listing of the
@@ -33,6 +35,7 @@ import contextlib
 import os
 import re
 import subprocess
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path, PurePosixPath
 
@@ -220,7 +223,7 @@ class Widening:
         in the index's last moments for racily clean and hashes them again. A file anything else
         wrote since is a new file (git writes a new file and renames it over the path), of another
         inode and date, which git sees without hashing. The narrowed tree's split index goes with
-        its shared part: the tree's index is whole, as a clone's.
+        its shared part: the tree's index is whole, as a clone's, and settled (``settle_index``).
         """
         from vllm_overlay import patched_repo
 
@@ -245,12 +248,53 @@ class Widening:
         os.replace(index, self.tree / ".git" / "index")
         for shared in git_dir.glob("sharedindex.*"):  # what the narrowed tree's split index was read with
             shared.unlink()
+        settle_index(self.tree)
 
     def stop(self) -> None:
         """Stop the writer (the run failed or was interrupted: its staging tree is removed next)."""
         with contextlib.suppress(ProcessLookupError):
             self.process.kill()
         self.process.wait()
+
+
+# How long past the second of the last file written the index is written again: the clock file
+# systems date files by may lag the one ``time.time`` reads by a tick.
+_SETTLE_MARGIN_S = 0.02
+
+
+def _index_written_after(index: Path, second: int) -> bool:
+    """Whether ``index`` is dated in a second after ``second``, and not ahead of the clock."""
+    mtime = index.stat().st_mtime
+    return int(mtime) > second and mtime <= time.time()
+
+
+def settle_index(tree: Path) -> None:
+    """Make ``tree``'s index one the user's first git command need not check again.
+
+    Written in the second the last files were, its entries are racily clean (git 2.39 compares
+    the index's date with each file's to the second) and git hashes those files again at every
+    read until one writes the index in a later second; and an index made by ``update-index``
+    has no cache tree (its TREE extension), so ``git status`` compares every entry with HEAD's
+    trees. After the finish: wait for the next second (every tracked file was written before
+    the index), then ``git write-tree`` records the cache tree, and where it did not write the
+    index, ``update-index --force-write-index`` writes it. Both read the index dated a minute
+    ahead (``patched_repo.date_ahead``: nothing but git wrote its files, and the tree is not
+    published yet), so neither hashes a file; the index they write is dated by the clock, after
+    every file, and an edit made after it is seen by its date as in any clone.
+    """
+    from vllm_overlay import patched_repo
+
+    index = tree / ".git" / "index"
+    second = int(index.stat().st_mtime)
+    time.sleep(max(0.0, second + 1 + _SETTLE_MARGIN_S - time.time()))
+    patched_repo.date_ahead(index)
+    patched_repo.git(tree, *_WHOLE_INDEX, "write-tree")
+    for _attempt in range(3):  # once, unless the file system's clock still read the last second
+        if _index_written_after(index, second):
+            return
+        patched_repo.date_ahead(index)
+        patched_repo.git(tree, *_WHOLE_INDEX, "update-index", "--force-write-index")
+        time.sleep(_SETTLE_MARGIN_S)
 
 
 def start_widening(tree: Path, owner_fd: int | None = None) -> Widening | None:

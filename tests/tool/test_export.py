@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import subprocess
+from pathlib import Path
 
 import git
 import pytest
 
-from tests.tool.helpers import IDENTITY, change_line_20, replace_line, run_apply, snapshot
+from tests.tool.helpers import IDENTITY, change_line_20, replace_line, run_apply, snapshot, write_upstream
+from tests.tool.helpers import git as helper_git
 from vllm_overlay import cli
 
 
@@ -321,3 +324,85 @@ def test_a_signal_before_the_write_says_in_one_line_that_patches_is_unchanged(
     code, err = process.wait()
     assert (code, err) == (130, "error: interrupted; patches/ unchanged\n"), (signal_name, code, err)
     assert snapshot(project / "patches") == before
+
+
+def _commit(repo: Path, message: str) -> None:
+    helper_git(repo, "add", "-A")
+    helper_git(repo, "commit", "-q", "-m", message)
+
+
+def _series_repository(root: Path, commits: int) -> Path:
+    """A repository shaped as apply-patches leaves one: an upstream commit recorded as the base, then
+    ``commits`` patch commits, each a different kind of change (text in and out of UTF-8, a file
+    added, deleted, made executable, one without a final newline, a Patch-File trailer)."""
+    repo = write_upstream(root / "repo", extra={"vllm/tool.py": "run = 1\n", "vllm/old.py": "gone = 1\n"})
+    helper_git(repo, "init", "-q", "-b", "patched")
+    _commit(repo, "upstream")
+    helper_git(repo, "config", "vllm-overlay.upstream", helper_git(repo, "rev-parse", "HEAD").strip())
+    helper_git(repo, "config", "format.coverLetter", "auto")  # a range would get a cover letter from it
+    kinds = [
+        lambda n: replace_line(repo / "vllm" / "core.py", f"line_{n} = {n}\n", f"line_{n} = 'café 日本 {n}'\n"),
+        lambda n: (repo / "vllm" / f"mail_{n}.py").write_text(
+            f"From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n---\nvalue = {n}\n"
+        ),
+        lambda n: (repo / "vllm" / "tool.py").chmod(0o755 if n % 2 else 0o644),
+        lambda n: (repo / "vllm" / f"bare_{n}.py").write_text(f"no_newline = {n}"),
+        lambda n: replace_line(repo / "vllm" / "core.py", f"line_{n} = {n}\n", f"line_{n} = -{n}\n"),
+    ]
+    for n in range(1, commits + 1):
+        kinds[(n - 1) % len(kinds)](n)
+        if n == 3:
+            (repo / "vllm" / "old.py").unlink()
+        trailer = f"Patch-File: demo/kept-name-{n}.patch\n" if n % 5 == 0 else ""
+        _commit(repo, f"core: change {n}, naïvely\n\nFrom the start, why {n}.\n\nSeries: demo\n{trailer}")
+    return repo
+
+
+def _one_commit_at_a_time(repo: Path) -> list[bytes]:
+    """What export wrote before it read the range at once: ``git format-patch -1`` of each commit."""
+    from vllm_overlay import export
+
+    base = helper_git(repo, "config", "--get", "vllm-overlay.upstream").strip()
+    env = dict(os.environ, **export.ISOLATED_ENV, LANGUAGE="C", LC_ALL="C")  # as GitPython ran it
+    texts = []
+    for sha in helper_git(repo, "rev-list", "--reverse", "--topo-order", f"{base}..HEAD").split():
+        text = subprocess.run(
+            ["git", "-C", str(repo), "format-patch", "--stdout", *export.FORMAT_PATCH_OPTIONS, "-1", sha],
+            env=env,
+            check=True,
+            capture_output=True,
+        ).stdout.decode()
+        texts.append(export._drop_patch_file_trailer(text).encode())
+    return texts
+
+
+def test_the_range_exports_the_bytes_each_commit_formatted_alone_gives(tmp_path):
+    from vllm_overlay import export
+
+    repo = _series_repository(tmp_path, 10)
+    exported = export.export_commits(repo)
+    assert [patch.content for patch in exported] == _one_commit_at_a_time(repo)
+    assert [patch.name for patch in exported][3:5] == ["demo/core-change-4-na-vely.patch", "demo/kept-name-5.patch"]
+    assert not any(b"Patch-File" in patch.content for patch in exported)
+
+
+def _git_processes_of_an_export(repo: Path, monkeypatch: pytest.MonkeyPatch) -> int:
+    from vllm_overlay import export
+
+    started: list[list[str]] = []
+    real_init = subprocess.Popen.__init__
+
+    def counting_init(self, args, *rest, **options):  # every process: GitPython's and the tool's own
+        started.append(list(args))
+        real_init(self, args, *rest, **options)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(subprocess.Popen, "__init__", counting_init)
+        export.export_commits(repo)
+    return sum(1 for argv in started if os.path.basename(str(argv[0])) == "git")
+
+
+def test_an_export_starts_as_many_git_processes_for_three_commits_as_for_twelve(tmp_path, monkeypatch):
+    few = _git_processes_of_an_export(_series_repository(tmp_path / "few", 3), monkeypatch)
+    many = _git_processes_of_an_export(_series_repository(tmp_path / "many", 12), monkeypatch)
+    assert few == many

@@ -355,3 +355,23 @@ def test_the_objects_the_series_adds_are_written_stored_and_the_published_config
         loose = out / ".git" / "objects" / name[:2] / name[2:]
         assert loose.stat().st_size >= int(_git(out, "cat-file", "-s", name)), name
     assert _git(out, "config", "--get", "core.looseCompression") == ""
+
+
+def test_a_first_apply_publishes_an_index_git_need_not_check_again(project, make_patch, store_env, tmp_path):
+    """Every entry dated before the index (none racily clean: git 2.39 compares them to the second)
+    and a cache tree (TREE), so the first ``git status`` hashes no file and walks no tree of HEAD's;
+    the tree is the one a whole checkout gives."""
+    import git
+
+    upstream = write_upstream(tmp_path / "up", extra=EXTRA)
+    make_patch(upstream, _edits, "core: change line 20 and add a module")
+    output = tmp_path / "fresh"
+    assert run_apply(project, upstream, "--output", str(output))[0] == 0
+    index_second = int((output / ".git" / "index").stat().st_mtime)
+    index = git.IndexFile(git.Repo(output))
+    racily_clean = [path for (path, _stage), entry in index.entries.items() if entry.mtime[0] >= index_second]
+    assert racily_clean == []
+    assert index._extension_data[:4] == b"TREE"  # git writes the cache tree as the first extension
+    assert _git(output, "write-tree") == _git(output, "rev-parse", "HEAD^{tree}")
+    replace_line(output / "vllm" / "core.py", "line_21 = 21\n", "line_21 = 22\n")  # same size, right away
+    assert _git(output, "status", "--porcelain") == " M vllm/core.py\n"
