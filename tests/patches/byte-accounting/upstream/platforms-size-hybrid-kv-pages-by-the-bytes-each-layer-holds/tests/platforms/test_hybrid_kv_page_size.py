@@ -95,9 +95,7 @@ def nvfp4_layer(model_dir: Path, monkeypatch: pytest.MonkeyPatch):
         model_config=ModelConfig(
             model=str(model_dir), skip_tokenizer_init=True, dtype="bfloat16"
         ),
-        cache_config=CacheConfig(
-            cache_dtype="nvfp4", mamba_ssm_cache_dtype="float32"
-        ),
+        cache_config=CacheConfig(cache_dtype="nvfp4", mamba_ssm_cache_dtype="float32"),
         device_config=DeviceConfig(device="cpu"),
     )
     with set_current_vllm_config(vllm_config):
