@@ -21,6 +21,7 @@ from vllm_overlay import errors, gitenv, indexes, output, report
 VERBS: dict[str, tuple[str, str]] = {
     "apply-patches": ("apply_patches", "apply the series onto a fresh upstream tree"),
     "export-patches": ("export_patches", "export the patched repository back to patches/"),
+    "forward": ("forward", "forward one patch upstream: a branch of the release, one signed-off commit, a PR body"),
     "lint-patches": ("lint_patches", "check patches/ without applying anything"),
     "bump": ("bump", "move the series to a new upstream release and re-lock"),
     "audit-upstream": ("audit_upstream", "keep/refresh/drop/resolve audit of the series against another upstream"),

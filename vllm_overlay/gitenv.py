@@ -122,6 +122,24 @@ def _user_identity(environ: Mapping[str, str]) -> list[tuple[str, str]]:
 
 
 _identity_cache: dict[str, list[tuple[str, str]]] = {}
+# The environment ``isolated`` replaced, while it is in force: what the user's own git sees.
+_outside: dict[str, str] | None = None
+
+
+def user_setting(key: str, cwd: Path) -> str | None:
+    """``git config --get KEY`` as the user's own git answers it in ``cwd`` (their global, system and
+    repository files, their ``GIT_*`` variables), read outside the isolation; None when unset.
+
+    For what must be the user's and never the tool's: the identity a ``Signed-off-by:`` names."""
+    env = dict(_outside if _outside is not None else os.environ)
+    try:
+        done = subprocess.run(
+            ["git", "config", "--get", key], cwd=cwd, env=env, capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    value = done.stdout.strip()
+    return value if done.returncode == 0 and value else None
 
 
 def environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -151,8 +169,11 @@ def isolated() -> Iterator[None]:
     GitPython reads ``os.environ`` at every call, so every git process the block starts (through
     GitPython or subprocess, and the processes those start) runs isolated.
     """
+    global _outside
     saved = dict(os.environ)
     env = environment(saved)
+    outer = _outside
+    _outside = saved if outer is None else outer  # a nested block: still the user's own
     os.environ.clear()
     os.environ.update(env)
     try:
@@ -160,3 +181,4 @@ def isolated() -> Iterator[None]:
     finally:
         os.environ.clear()
         os.environ.update(saved)
+        _outside = outer

@@ -4,11 +4,13 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import git
 
 from tests.tool.helpers import run_apply, write_upstream
+from vllm_overlay import gitenv
 
 HOSTILE = """[core]
 \tautocrlf = true
@@ -79,3 +81,20 @@ def test_the_users_git_configuration_does_not_change_the_tree(tmp_path, store_en
     assert not ran.exists(), ran.read_text()
     for repo in (tmp_path / "hostile" / ".git", tmp_path / "cache-2" / "upstreams.git"):
         assert not list((repo / "objects" / "pack").glob("*.pack")), f"git gc ran in {repo}"
+
+
+def test_user_setting_is_read_outside_the_isolation(tmp_path, monkeypatch):
+    """The user's own identity, from their repository's configuration too, which isolated git never reads."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    monkeypatch.delenv("GIT_CONFIG_GLOBAL", raising=False)
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    subprocess.run(["git", "init", "-q", str(checkout)], check=True)
+    subprocess.run(["git", "-C", str(checkout), "config", "user.email", "ada@example.invalid"], check=True)
+
+    with gitenv.isolated():
+        assert gitenv.user_setting("user.email", checkout) == "ada@example.invalid"
+        assert gitenv.user_setting("user.name", checkout) is None

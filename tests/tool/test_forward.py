@@ -1,0 +1,229 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""forward: one signed-off commit on a branch of the upstream, its ported test, the pre-commit report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.tool.helpers import SPDX_HEADER, change_line_20, git, replace_line
+from vllm_overlay import cli, forward
+
+PORTED = SPDX_HEADER + "from vllm.core import line_20\n\n\ndef test_line_20():\n    assert line_20 == 200\n"
+
+
+@pytest.fixture
+def identity(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A HOME whose git configuration names the user (and no system file read)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    for name in ("GIT_CONFIG_GLOBAL", "GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME"):
+        monkeypatch.delenv(name, raising=False)
+    (home / ".gitconfig").write_text("[user]\n\tname = Ada Lovelace\n\temail = ada@example.invalid\n")
+    return home
+
+
+def _port_test(project: Path, patch: Path, rel: str = "tests/test_core.py", text: str = PORTED) -> Path:
+    series = patch.parent.name
+    target = project / "tests" / "patches" / series / "upstream" / patch.stem / rel
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text)
+    return target
+
+
+def _forward(project: Path, upstream: Path, patch: Path, *extra: str) -> int:
+    spec = f"{patch.parent.name}/{patch.stem}"
+    argv = ["forward", "--project", str(project), "--upstream", str(upstream), "--skip-test-run", "--skip-checks"]
+    return cli.main([*argv, *extra, spec])
+
+
+def test_branch_and_signed_off_commit(project, upstream_dir, make_patch, identity):
+    patch = make_patch(upstream_dir, change_line_20, "core: fix line 20", series="demo")
+    _port_test(project, patch)
+
+    assert _forward(project, upstream_dir, patch) == 0
+
+    tree = project / "build" / "forward" / patch.stem
+    assert git(tree, "branch", "--show-current").strip() == f"forward/{patch.stem}"
+    assert git(tree, "tag", "--points-at", "HEAD^").strip().startswith("upstream/dir-")  # one commit on upstream
+    message = git(tree, "log", "-1", "--format=%B")
+    assert message.splitlines()[0] == "[Bugfix] core: fix line 20"
+    assert "Why and how." in message and "The change." in message
+    assert "Configurations covered" not in message and "Forwarded:" not in message
+    assert message.rstrip().splitlines()[-1] == "Signed-off-by: Ada Lovelace <ada@example.invalid>"
+    assert git(tree, "log", "-1", "--format=%an <%ae>").strip() == "Ada Lovelace <ada@example.invalid>"
+    changed = git(tree, "show", "--name-only", "--format=", "HEAD").split()
+    assert sorted(changed) == ["tests/test_core.py", "vllm/core.py"]
+    assert "line_20 = 200" in (tree / "vllm" / "core.py").read_text()
+    body = (project / "build" / "forward" / f"{patch.stem}.pr.md").read_text()
+    for heading in ("## Purpose", "## Test Plan", "## Test Result"):
+        assert heading in body
+    assert "pytest tests/test_core.py" in body
+
+
+def test_patches_unchanged_and_tag_from_trailer(project, upstream_dir, make_patch, identity):
+    patch = make_patch(upstream_dir, change_line_20, "core: fix line 20", series="demo")
+    patch.write_text(patch.read_text().replace("Series: demo\n", "Series: demo\nForward-Tag: [Perf]\n"))
+    _port_test(project, patch)
+    before = {p: p.read_bytes() for p in (project / "patches").rglob("*") if p.is_file()}
+
+    assert _forward(project, upstream_dir, patch) == 0
+
+    tree = project / "build" / "forward" / patch.stem
+    assert git(tree, "log", "-1", "--format=%s").strip() == "[Perf] core: fix line 20"
+    assert {p: p.read_bytes() for p in (project / "patches").rglob("*") if p.is_file()} == before
+
+
+def test_refused_without_identity(project, upstream_dir, make_patch, identity, capsys):
+    patch = make_patch(upstream_dir, change_line_20, "core: fix line 20")
+    _port_test(project, patch)
+    (identity / ".gitconfig").write_text("[user]\n\tname = Ada Lovelace\n")  # no e-mail
+
+    assert _forward(project, upstream_dir, patch) == 2
+
+    err = capsys.readouterr().err
+    assert "no git identity to sign off with (user.email unset)" in err
+    assert len(err.strip().splitlines()) == 1
+    assert not (project / "build" / "forward").exists()
+
+
+def test_a_patch_that_needs_an_earlier_one_is_refused(project, upstream_dir, make_patch, identity, capsys):
+    first = make_patch(upstream_dir, change_line_20, "core: fix line 20")
+    second = make_patch(
+        upstream_dir,
+        lambda tree: replace_line(tree / "vllm" / "core.py", "line_20 = 200\n", "line_20 = 2000\n"),
+        "core: fix line 20 again",
+    )
+    _port_test(project, second)
+
+    assert _forward(project, upstream_dir, second) == 2
+
+    err = capsys.readouterr().err
+    assert f"it is made on top of {first.parent.name}/{first.name}" in err
+
+
+def test_ported_test_must_not_import_the_harness(project, upstream_dir, make_patch, identity, capsys):
+    patch = make_patch(upstream_dir, change_line_20, "core: fix line 20")
+    (project / "tests" / "patches" / "qwen_harness.py").write_text(SPDX_HEADER)
+    _port_test(project, patch, text=SPDX_HEADER + "import qwen_harness\n")
+
+    assert _forward(project, upstream_dir, patch) == 2
+
+    assert "imports qwen_harness, which vLLM lacks" in capsys.readouterr().err
+
+
+CONFIG = """
+default_stages: [pre-commit, manual]
+exclude: 'vllm/third_party/.*'
+repos:
+- repo: https://github.com/astral-sh/ruff-pre-commit
+  rev: v0.14.0
+  hooks:
+  - id: ruff-check
+    args: [--fix]
+- repo: https://github.com/crate-ci/typos
+  rev: v1.43.5
+  hooks:
+  - id: typos
+- repo: https://github.com/DavidAnson/markdownlint-cli2
+  rev: v0.21.0
+  hooks:
+  - id: markdownlint-cli2
+- repo: local
+  hooks:
+  - id: check-spdx-header
+    entry: python tools/check_spdx.py
+    language: python
+    types_or: [python]
+  - id: mypy
+    entry: python tools/mypy.py "3.11"
+    language: python
+    types_or: [python, pyi]
+    additional_dependencies: ["mypy==1.20.2"]
+  - id: signoff-commit
+    entry: bash
+    language: system
+    stages: [commit-msg]
+"""
+
+
+def _tools(ruff: bool, binaries: tuple[str, ...] = ()) -> forward.Tools:
+    return forward.Tools(
+        python=Path("/usr/bin/python3"),
+        ruff=ruff,
+        which=lambda name: f"/usr/bin/{name}" if name in binaries else None,
+        missing_dependencies=lambda hook: [d for d in hook.additional_dependencies if d.startswith("mypy")],
+    )
+
+
+def _classified(tools: forward.Tools, matched: list[str]) -> dict[str, str]:
+    config = forward.load_precommit(CONFIG)
+    results = {}
+    for hook in config.hooks:
+        result = forward.classify(hook, config, matched, tools)
+        results[hook.id] = "run" if result is None else f"{result.outcome}: {result.detail}"
+    return results
+
+
+def test_network_hooks_are_skipped_not_passed():
+    found = _classified(_tools(ruff=False), ["vllm/core.py"])
+    assert found["ruff-check"] == (
+        "skipped: needs the network: pre-commit installs it from https://github.com/astral-sh/ruff-pre-commit"
+    )
+    assert found["typos"].startswith("skipped: needs the network") and "typos is not installed here" in found["typos"]
+    assert found["markdownlint-cli2"].startswith("skipped: needs the network")
+    assert found["check-spdx-header"] == "run"
+    assert found["mypy"] == "skipped: needs mypy==1.20.2, not installed in /usr/bin/python3 (offline)"
+    assert found["signoff-commit"] == "skipped: runs at the commit-msg stage, not on files"
+
+
+def test_installed_tools_run_remote_hooks():
+    found = _classified(_tools(ruff=True, binaries=("typos",)), ["vllm/core.py"])
+    assert found["ruff-check"] == "run"
+    assert found["typos"] == "run"
+    assert found["markdownlint-cli2"].startswith("skipped: needs the network")
+
+
+def test_hooks_with_no_matching_file_are_skipped(tmp_path):
+    tree = tmp_path / "tree"
+    (tree / "vllm" / "third_party").mkdir(parents=True)
+    (tree / "vllm" / "core.py").write_text("x = 1\n")
+    (tree / "vllm" / "third_party" / "lib.py").write_text("x = 1\n")
+    (tree / "README.md").write_text("# hi\n")
+    config = forward.load_precommit(CONFIG)
+    spdx = next(h for h in config.hooks if h.id == "check-spdx-header")
+    files = ["vllm/core.py", "vllm/third_party/lib.py", "README.md"]
+
+    assert forward.hook_files(spdx, config, tree, files) == ["vllm/core.py"]
+    result = forward.classify(spdx, config, forward.hook_files(spdx, config, tree, ["README.md"]), _tools(True))
+    assert result == forward.CheckResult(
+        "check-spdx-header", "skipped", "no file of the commit matches its files/types"
+    )
+
+
+def test_local_hook_runs_and_fails(tmp_path):
+    tree = tmp_path / "tree"
+    (tree / "tools").mkdir(parents=True)
+    (tree / "vllm").mkdir()
+    (tree / "vllm" / "core.py").write_text("x = 1\n")
+    (tree / "tools" / "check_spdx.py").write_text(
+        "import sys\nbad = [f for f in sys.argv[1:] if 'SPDX' not in open(f).read()]\n"
+        "print('missing SPDX:', *bad)\nsys.exit(1 if bad else 0)\n"
+    )
+    (tree / ".pre-commit-config.yaml").write_text(CONFIG)
+    import sys
+
+    tools = forward.Tools(python=Path(sys.executable), ruff=False, which=lambda name: None)
+    results = {r.hook: r for r in forward.run_checks(tree, "HEAD", ["vllm/core.py"], tools)}
+
+    assert results["check-spdx-header"].outcome == "failed"
+    assert "missing SPDX: vllm/core.py" in results["check-spdx-header"].detail
+    assert results["ruff-check"].outcome == "skipped"
+    (tree / "vllm" / "core.py").write_text(SPDX_HEADER)
+    results = {r.hook: r for r in forward.run_checks(tree, "HEAD", ["vllm/core.py"], tools)}
+    assert results["check-spdx-header"] == forward.CheckResult("check-spdx-header", "passed", "1 file(s)")

@@ -1,0 +1,648 @@
+"""Forward one carried patch upstream: one commit on a branch of the pinned release, and its PR body.
+
+A vLLM maintainer merges a small diff with its test beside it, signed off by its author, titled
+with vLLM's tag convention, described as Purpose / Test Plan / Test Result. This module builds
+exactly that from a patch of the series, and changes nothing in patches/:
+
+* the pinned upstream is checked out into ``build/forward/<patch>`` on a branch
+  ``forward/<patch>``, and the patch's diff is applied there alone: a patch made on top of an
+  earlier patch of its series is refused, naming the patch it needs;
+* its ported regression test, a vLLM-style test file kept in this repository at
+  ``tests/patches/<series>/upstream/<patch>/<path in vLLM's tree>``, is copied to that path;
+* the commit's title is ``<tag> <subject>`` (``title_tag``), its body the patch's Why and How, its
+  last line ``Signed-off-by:`` from the user's own git identity (never made up);
+* the ported test runs on the pristine release (it must fail) and on the forwarded tree (it must
+  pass), in the project's test environment, and the checks of the release's own
+  .pre-commit-config.yaml that can run offline run on the touched files (``precommit``).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from vllm_overlay import gitenv, patched_repo, series, shadow
+from vllm_overlay.errors import InputError
+from vllm_overlay.lint import SPDX_LINES
+from vllm_overlay.series import MESSAGE_HEADINGS, Patch
+
+# The title tag: the patch's own ``Forward-Tag:`` trailer wins; else its series' entry here; else
+# [Bugfix], since a carried patch exists because the release has a defect.
+TAG_TRAILER = "Forward-Tag"
+SERIES_TAGS = {"workspace-reuse": "[Perf]", "byte-accounting": "[Core]"}
+DEFAULT_TAG = "[Bugfix]"
+TAG_RE = re.compile(r"^(\[[A-Za-z0-9/ _.-]+\])+$")
+# Where a patch's ported test lives, under tests/patches/<series>/.
+PORTED_DIR = "upstream"
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+class ForwardError(InputError, RuntimeError):
+    """The patch cannot be forwarded as asked (exit 2): no identity, no ported test, not alone."""
+
+
+@dataclass(frozen=True)
+class Identity:
+    name: str
+    email: str
+
+    @property
+    def signoff(self) -> str:
+        return f"Signed-off-by: {self.name} <{self.email}>"
+
+
+@dataclass(frozen=True)
+class PortedTest:
+    source: Path  # the file kept in this repository
+    upstream_path: str  # where it goes in vLLM's tree, e.g. tests/platforms/test_x.py
+
+
+@dataclass(frozen=True)
+class ForwardBranch:
+    tree: Path
+    branch: str
+    base: str  # the upstream commit the branch starts from
+    commit: str
+    title: str
+    message: str
+    files: tuple[str, ...]  # every file the commit touches
+    tests: tuple[str, ...]  # the ported tests, as paths in vLLM's tree
+
+
+def user_identity(cwd: Path) -> Identity:
+    """The name and e-mail the user's own git signs with (read outside the tool's git isolation)."""
+    name = gitenv.user_setting("user.name", cwd)
+    email = gitenv.user_setting("user.email", cwd)
+    if not name or not email:
+        missing = " and ".join(key for key, value in (("user.name", name), ("user.email", email)) if not value)
+        raise ForwardError(
+            f"no git identity to sign off with ({missing} unset): set it with `git config --global user.name "
+            "'Your Name'` and `git config --global user.email you@example.com`; a Signed-off-by is never made up"
+        )
+    return Identity(name, email)
+
+
+def find_patch(patches: list[Patch], spec: str) -> tuple[Patch, list[Patch]]:
+    """The patch ``SERIES/PATCH`` names (``.patch`` optional) and the patches before it in its series."""
+    series_name, _, patch_name = spec.partition("/")
+    stem = patch_name.removesuffix(".patch")
+    if not series_name or not stem or "/" in stem:
+        raise ForwardError(f"{spec!r}: expected SERIES/PATCH, e.g. byte-accounting/<file name>")
+    for index, patch in enumerate(patches):
+        if series_of(patch) == series_name and patch_stem(patch) == stem:
+            return patch, [p for p in patches[:index] if series_of(p) == series_name]
+    raise ForwardError(f"{spec!r} names no patch listed in patches/series")
+
+
+def series_of(patch: Patch) -> str:
+    return patch.name.split("/", 1)[0]
+
+
+def patch_stem(patch: Patch) -> str:
+    return Path(patch.name).stem
+
+
+def title_tag(patch: Patch) -> str:
+    """vLLM's PR tag for the patch: its ``Forward-Tag:`` trailer, else its series', else [Bugfix]."""
+    tag = patch.value(TAG_TRAILER)
+    if tag is not None:
+        if not TAG_RE.match(tag.strip()):
+            raise ForwardError(f"{patch.name}: {TAG_TRAILER}: {tag!r} is not a tag like [Bugfix] or [Core][Perf]")
+        return tag.strip()
+    return SERIES_TAGS.get(series_of(patch), DEFAULT_TAG)
+
+
+def message_sections(message: str) -> dict[str, str]:
+    """The patch message's headed sections (Why, How, ...), each its paragraphs as written."""
+    sections: dict[str, str] = {}
+    heading: str | None = None
+    for paragraph in re.split(r"\n\s*\n", message.strip()):
+        text = paragraph.strip("\n")
+        if text in MESSAGE_HEADINGS:
+            heading = text
+            sections[heading] = ""
+        elif heading is not None and not series.parse_trailers(text + "\n"):
+            sections[heading] = (sections[heading] + "\n\n" + text).strip("\n")
+    return sections
+
+
+def commit_message(patch: Patch, identity: Identity) -> str:
+    """Title, the patch's Why and How, and the user's sign-off: what vLLM's history keeps."""
+    sections = message_sections(patch.message)
+    body = "\n\n".join(sections[h] for h in ("Why", "How") if sections.get(h))
+    return f"{title_tag(patch)} {patch.subject}\n\n{body}\n\n{identity.signoff}\n"
+
+
+def harness_modules(project_root: Path) -> set[str]:
+    """Modules a ported test may not import: the tool and this repository's test harnesses."""
+    return {"vllm_overlay", "tests"} | {p.stem for p in (project_root / "tests" / "patches").glob("*.py")}
+
+
+def ported_tests(project_root: Path, patch: Patch) -> list[PortedTest]:
+    """The patch's ported tests, checked to be vLLM-style: SPDX lines first, nothing of this repository."""
+    folder = project_root / "tests" / "patches" / series_of(patch) / PORTED_DIR / patch_stem(patch)
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    if not files:
+        raise ForwardError(
+            f"{patch.name}: no ported test: write it in vLLM's style at "
+            f"{folder.relative_to(project_root)}/tests/<folder vLLM keeps the module's tests in>/test_<what>.py"
+        )
+    forbidden = harness_modules(project_root)
+    found = []
+    for path in files:
+        rel = path.relative_to(folder).as_posix()
+        if not rel.startswith("tests/"):
+            raise ForwardError(f"{path}: a ported test goes under vLLM's tests/ (its path there, from {folder})")
+        if path.suffix == ".py":
+            text = path.read_text(encoding="utf-8")
+            if tuple(text.splitlines()[:2]) != SPDX_LINES:
+                raise ForwardError(f"{path}: must start with vLLM's two SPDX lines")
+            imported = _imported_modules(text, path)
+            if imported & forbidden:
+                raise ForwardError(f"{path}: imports {', '.join(sorted(imported & forbidden))}, which vLLM lacks")
+        found.append(PortedTest(path, rel))
+    return found
+
+
+def _imported_modules(text: str, path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(text, filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def apply_alone(tree: Path, patch: Patch, earlier: list[Patch], scratch: Path) -> None:
+    """Apply the patch's diff to the tree's index and files; refuse one that needs an earlier patch."""
+    mail = scratch / "patch.mail"
+    mail.write_bytes(patch.raw)
+    code, _, err = patched_repo.run(tree, "apply", "--index", "--check", str(mail))
+    if code != 0:
+        needed = _needed_earlier(tree, mail, earlier, scratch)
+        if needed is not None:
+            raise ForwardError(
+                f"{patch.name} does not apply alone on the upstream release: it is made on top of "
+                f"{needed.name} (the earlier patch of its series it needs); forward that one first, or fold "
+                "the two into one patch"
+            )
+        raise ForwardError(f"{patch.name} does not apply on the upstream release: {err.strip().splitlines()[-1]}")
+    patched_repo.git(tree, "apply", "--index", str(mail))
+
+
+def _needed_earlier(tree: Path, mail: Path, earlier: list[Patch], scratch: Path) -> Patch | None:
+    """The earlier patch of the series after which (with those before it) the patch applies."""
+    index = scratch / "index"
+    shutil.copyfile(tree / ".git" / "index", index)
+    env = {"GIT_INDEX_FILE": str(index)}
+    for position, before in enumerate(earlier):
+        before_mail = scratch / f"earlier-{position}.mail"
+        before_mail.write_bytes(before.raw)
+        if patched_repo.run(tree, "apply", "--cached", str(before_mail), env=env)[0] != 0:
+            return None
+        if patched_repo.run(tree, "apply", "--cached", "--check", str(mail), env=env)[0] == 0:
+            return before
+    return None
+
+
+def make_branch(
+    clone: Callable[[Path], None],
+    dest: Path,
+    project_root: Path,
+    patch: Patch,
+    earlier: list[Patch],
+    identity: Identity,
+    base: str,
+) -> ForwardBranch:
+    """Check the upstream out at ``dest`` (``clone(dest)``) and commit the patch and its ported test there."""
+    tests = ported_tests(project_root, patch)
+    message = commit_message(patch, identity)
+    if dest.exists():
+        raise ForwardError(f"{dest} exists: remove it (or pass --replace) to forward {patch.name} again")
+    clone(dest)
+    branch = f"forward/{patch_stem(patch)}"
+    patched_repo.git(dest, "branch", "--move", "patched", branch)
+    with tempfile.TemporaryDirectory(prefix="forward-") as scratch:
+        apply_alone(dest, patch, earlier, Path(scratch))
+        for test in tests:
+            target = dest / test.upstream_path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(test.source, target)
+        patched_repo.git(dest, "add", "--", *(t.upstream_path for t in tests))
+        message_file = Path(scratch) / "message"
+        message_file.write_text(message, encoding="utf-8")
+        env = {
+            "GIT_AUTHOR_NAME": identity.name,
+            "GIT_AUTHOR_EMAIL": identity.email,
+            "GIT_COMMITTER_NAME": identity.name,
+            "GIT_COMMITTER_EMAIL": identity.email,
+        }
+        patched_repo.git(
+            dest, "commit", "--quiet", "--no-verify", "--cleanup=verbatim", "-F", str(message_file), env=env
+        )
+    commit = patched_repo.git(dest, "rev-parse", "HEAD").strip()
+    files = patched_repo.git(dest, "diff", "--name-only", "--no-renames", base, commit).split()
+    return ForwardBranch(
+        tree=dest,
+        branch=branch,
+        base=base,
+        commit=commit,
+        title=message.splitlines()[0],
+        message=message,
+        files=tuple(files),
+        tests=tuple(t.upstream_path for t in tests),
+    )
+
+
+@dataclass(frozen=True)
+class TestRun:
+    side: str  # "pristine" or "forwarded"
+    exit_code: int
+    summary: str  # pytest's closing line
+    failures: tuple[str, ...]  # its FAILED / ERROR lines
+    log: Path
+
+    @property
+    def red(self) -> bool:
+        return self.exit_code == 1
+
+    @property
+    def green(self) -> bool:
+        return self.exit_code == 0
+
+
+def run_tests(python: Path, branch: ForwardBranch, workdir: Path, timeout: int = 300) -> tuple[TestRun, TestRun]:
+    """The ported tests on the pristine release, then on the forwarded tree (its vllm/ files laid over
+    the environment's pristine install as a shadow package), in vLLM's tests/ of the commit."""
+    from vllm_overlay.testrun.trees import export_tree, extract
+
+    shutil.rmtree(workdir, ignore_errors=True)
+    root = workdir / "root"
+    export_tree(branch.tree, branch.commit, ["tests", "pyproject.toml"], root)
+    present, deleted = patched_repo.changed_between(branch.tree, branch.base, branch.commit, shadow.PACKAGE + "/")
+    replacements = extract(branch.tree, branch.commit, present, workdir / "files")
+    installed = shadow.installed_package_dir(python)
+    shadow_dir = shadow.build_shadow(installed, replacements, deleted, workdir / "shadow")
+    runs = []
+    for side, pythonpath in (("pristine", None), ("forwarded", shadow_dir)):
+        env = dict(os.environ, **OFFLINE_ENV, PYTHONDONTWRITEBYTECODE="1")
+        if pythonpath is not None:
+            env["PYTHONPATH"] = shadow.pythonpath_with(pythonpath, os.environ.get("PYTHONPATH"))
+        command = [str(python), "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfE", "--color=no"]
+        command += [f"--timeout={timeout}", f"--rootdir={root}", *branch.tests]
+        log = workdir / f"{side}.log"
+        done = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, check=False)
+        log.write_text("$ " + " ".join(command) + "\n" + done.stdout + done.stderr, encoding="utf-8")
+        runs.append(_test_run(side, done.returncode, done.stdout, log))
+    return runs[0], runs[1]
+
+
+def _test_run(side: str, exit_code: int, stdout: str, log: Path) -> TestRun:
+    lines = [line.strip() for line in stdout.splitlines() if line.strip()]
+    summary = next((line.strip("= ") for line in reversed(lines) if re.search(r"\bin [\d.]+s\b", line)), "")
+    failures = tuple(line for line in lines if line.startswith(("FAILED ", "ERROR ")))
+    return TestRun(side, exit_code, summary or f"pytest exit code {exit_code}", failures, log)
+
+
+def pr_body(
+    patch: Patch, branch: ForwardBranch, version: str, runs: tuple[TestRun, TestRun] | None, checks: list
+) -> str:
+    """The pull request's body, as vLLM's template asks: Purpose, Test Plan, Test Result."""
+    sections = message_sections(patch.message)
+    purpose = "\n\n".join(sections[h] for h in ("Why", "How", "Configurations covered") if sections.get(h))
+    tests = " ".join(branch.tests)
+    lines = [
+        f"# {branch.title}",
+        "",
+        "## Purpose",
+        "",
+        purpose,
+        "",
+        "## Test Plan",
+        "",
+        f"The regression test this PR adds, on vLLM {version} as released and with this change:",
+        "",
+        "```bash",
+        f"pytest {tests}",
+        "```",
+        "",
+        "## Test Result",
+        "",
+    ]
+    if runs is None:
+        lines += ["Not run here (forwarded with --skip-test-run).", ""]
+    else:
+        for run, label in zip(runs, (f"Without this change (vLLM {version})", "With this change"), strict=True):
+            lines += [f"{label}: `{run.summary}`", *(f"    {line}" for line in run.failures), ""]
+    if checks:
+        lines += [f"Pre-commit hooks of vLLM {version} (.pre-commit-config.yaml) that run offline:", ""]
+        lines += [f"- {check}" for check in checks]
+        lines.append("")
+    return "\n".join(lines)
+
+
+# The release's pre-commit hooks. pre-commit installs every hook of a remote repository from the
+# network, and each local hook's additional_dependencies too; offline, a hook runs here only with
+# what is installed: ruff (the tool's own, under the release's pyproject.toml), a hook's binary on
+# PATH, a local hook whose dependencies the interpreter has. Anything else is skipped, with why.
+LOCAL_REPOS = ("local", "meta")
+RUFF_HOOKS = {"ruff": "check", "ruff-check": "check", "ruff-format": "format"}
+BINARY_HOOKS = {"typos": "typos", "codespell": "codespell"}
+FILE_STAGES = ("pre-commit", "commit", "manual")  # the stages at which a hook checks files
+OPTION_FIXES = ("--fix", "--write-changes", "-w")  # a check reports; it never rewrites the commit
+
+
+@dataclass(frozen=True)
+class Hook:
+    id: str
+    repo: str
+    rev: str | None
+    language: str
+    entry: str
+    args: tuple[str, ...] = ()
+    files: str = ""
+    exclude: str = "^$"
+    types: tuple[str, ...] = ("file",)
+    types_or: tuple[str, ...] = ()
+    exclude_types: tuple[str, ...] = ()
+    stages: tuple[str, ...] = ()
+    additional_dependencies: tuple[str, ...] = ()
+    pass_filenames: bool = True
+    always_run: bool = False
+
+
+@dataclass(frozen=True)
+class PreCommitConfig:
+    hooks: tuple[Hook, ...]
+    exclude: str
+    default_stages: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    hook: str
+    outcome: str  # passed, failed or skipped
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.hook}: {self.outcome}" + (f": {self.detail}" if self.detail else "")
+
+
+def load_precommit(text: str) -> PreCommitConfig:
+    """The hooks of a .pre-commit-config.yaml, with pre-commit's defaults where a key is absent."""
+    import yaml
+
+    data = yaml.safe_load(text) or {}
+    hooks = []
+    for repo in data.get("repos", []):
+        for hook in repo.get("hooks", []):
+            hooks.append(
+                Hook(
+                    id=str(hook.get("alias") or hook["id"]),
+                    repo=str(repo["repo"]),
+                    rev=str(repo["rev"]) if "rev" in repo else None,
+                    language=str(hook.get("language", "unknown" if repo["repo"] not in LOCAL_REPOS else "system")),
+                    entry=str(hook.get("entry", hook["id"])),
+                    args=tuple(str(a) for a in hook.get("args", [])),
+                    files=str(hook.get("files", "")),
+                    exclude=str(hook.get("exclude", "^$")),
+                    types=tuple(hook.get("types", ["file"])),
+                    types_or=tuple(hook.get("types_or", [])),
+                    exclude_types=tuple(hook.get("exclude_types", [])),
+                    stages=tuple(hook.get("stages", [])),
+                    additional_dependencies=tuple(str(d) for d in hook.get("additional_dependencies", [])),
+                    pass_filenames=bool(hook.get("pass_filenames", True)),
+                    always_run=bool(hook.get("always_run", False)),
+                )
+            )
+    return PreCommitConfig(tuple(hooks), str(data.get("exclude", "^$")), tuple(data.get("default_stages", [])))
+
+
+def hook_files(hook: Hook, config: PreCommitConfig, tree: Path, files: list[str]) -> list[str]:
+    """The files among ``files`` the hook checks: pre-commit's files/exclude patterns and types
+    (the file's tags as ``identify``, pre-commit's own library, tells them)."""
+    from identify import identify
+
+    chosen = []
+    for name in files:
+        if re.search(config.exclude, name) or not re.search(hook.files, name) or re.search(hook.exclude, name):
+            continue
+        path = tree / name
+        if not path.exists():
+            continue
+        tags = identify.tags_from_path(str(path))
+        if set(hook.types) <= tags and (not hook.types_or or tags & set(hook.types_or)):
+            if not tags & set(hook.exclude_types):
+                chosen.append(name)
+    return chosen
+
+
+@dataclass(frozen=True)
+class Tools:
+    """What is installed here, for the hooks to run with."""
+
+    python: Path  # runs the local Python hooks
+    ruff: bool
+    which: Callable[[str], str | None] = shutil.which
+    missing_dependencies: Callable[[Hook], list[str]] | None = None
+
+
+def classify(hook: Hook, config: PreCommitConfig, matched: list[str], tools: Tools) -> CheckResult | None:
+    """Why the hook cannot run offline here (a skipped result), or None: it can run."""
+    stages = hook.stages or config.default_stages or FILE_STAGES
+    if not set(stages) & set(FILE_STAGES):
+        return CheckResult(hook.id, "skipped", f"runs at the {', '.join(stages)} stage, not on files")
+    if not matched and not hook.always_run:
+        return CheckResult(hook.id, "skipped", "no file of the commit matches its files/types")
+    if hook.repo not in LOCAL_REPOS:
+        if hook.id in RUFF_HOOKS and tools.ruff:
+            return None
+        binary = BINARY_HOOKS.get(hook.id)
+        if binary and tools.which(binary):
+            return None
+        why = f"needs the network: pre-commit installs it from {hook.repo}"
+        return CheckResult(hook.id, "skipped", why + (f", and {binary} is not installed here" if binary else ""))
+    if hook.language == "python":
+        missing = tools.missing_dependencies(hook) if tools.missing_dependencies else []
+        if missing:
+            return CheckResult(
+                hook.id, "skipped", f"needs {', '.join(missing)}, not installed in {tools.python} (offline)"
+            )
+        return None
+    if hook.language in ("system", "script"):
+        return None
+    return CheckResult(hook.id, "skipped", f"language {hook.language}: pre-commit builds its environment online")
+
+
+def missing_dependencies(python: Path, requirements: list[str]) -> list[str]:
+    """The requirements (PEP 508 strings) ``python`` does not satisfy, asked through importlib.metadata."""
+    import json
+
+    from packaging.requirements import Requirement
+
+    parsed = [Requirement(r) for r in requirements]
+    if not parsed:
+        return []
+    code = (
+        "import importlib.metadata as m, json, sys\n"
+        "found = {}\n"
+        "for name in sys.argv[1:]:\n"
+        "    try: found[name] = m.version(name)\n"
+        "    except m.PackageNotFoundError: pass\n"
+        "print(json.dumps(found))"
+    )
+    done = subprocess.run(
+        [str(python), "-c", code, *(r.name for r in parsed)], capture_output=True, text=True, check=False
+    )
+    found = json.loads(done.stdout or "{}") if done.returncode == 0 else {}
+    return [str(r) for r in parsed if r.name not in found or not r.specifier.contains(found[r.name], prereleases=True)]
+
+
+def run_checks(tree: Path, base: str, files: list[str], tools: Tools, timeout: int = 600) -> list[CheckResult]:
+    """Every hook of the release's .pre-commit-config.yaml on ``files``: passed, failed, or skipped and why."""
+    config_file = tree / ".pre-commit-config.yaml"
+    if not config_file.is_file():
+        return [CheckResult(".pre-commit-config.yaml", "skipped", "the release has none")]
+    config = load_precommit(config_file.read_text(encoding="utf-8"))
+    results = []
+    style = None
+    for hook in config.hooks:
+        matched = hook_files(hook, config, tree, files)
+        skipped = classify(hook, config, matched, tools)
+        if skipped is not None:
+            results.append(skipped)
+        elif hook.id in RUFF_HOOKS and hook.repo not in LOCAL_REPOS:
+            style = style or _ruff_style(tree, base)
+            results.append(_ruff_result(hook, style))
+        else:
+            results.append(_run_hook(hook, tree, matched, tools, timeout))
+    return results
+
+
+def _ruff_style(tree: Path, base: str) -> object:
+    from vllm_overlay import upstream_style
+
+    return upstream_style.check(tree, base)
+
+
+def _ruff_result(hook: Hook, style: object) -> CheckResult:
+    """ruff under the release's pyproject.toml: no finding (or format change) the pristine files lack."""
+    import importlib.metadata
+
+    from vllm_overlay.upstream_style import StyleReport
+
+    assert isinstance(style, StyleReport)
+    version = importlib.metadata.version("ruff")
+    pinned = f" (the release pins {hook.rev})" if hook.rev else ""
+    how = f"ruff {version}{pinned}, the release's pyproject.toml"
+    if RUFF_HOOKS[hook.id] == "check":
+        if style.new_findings:
+            return CheckResult(hook.id, "failed", f"{how}: " + "; ".join(str(f) for f in style.new_findings[:5]))
+        return CheckResult(hook.id, "passed", f"{how}; no finding the pristine files lack")
+    if style.newly_unformatted:
+        return CheckResult(hook.id, "failed", f"{how}: ruff format would change {', '.join(style.newly_unformatted)}")
+    return CheckResult(hook.id, "passed", how)
+
+
+def _run_hook(hook: Hook, tree: Path, matched: list[str], tools: Tools, timeout: int) -> CheckResult:
+    import shlex
+
+    words = shlex.split(hook.entry)
+    if hook.repo not in LOCAL_REPOS:  # a remote hook's binary, installed here
+        words = [tools.which(BINARY_HOOKS[hook.id]) or words[0]]
+    elif hook.language == "python" and words[0] in ("python", "python3"):
+        words[0] = str(tools.python)
+    elif hook.language == "script":
+        words[0] = str(tree / words[0])
+    args = [a for a in hook.args if a not in OPTION_FIXES]
+    command = [*words, *args, *(matched if hook.pass_filenames else [])]
+    try:
+        done = subprocess.run(command, cwd=tree, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return CheckResult(hook.id, "failed", f"did not finish in {timeout} s")
+    except OSError as exc:
+        return CheckResult(hook.id, "skipped", f"cannot start {words[0]}: {exc.strerror}")
+    if done.returncode == 0:
+        return CheckResult(hook.id, "passed", f"{len(matched)} file(s)" if hook.pass_filenames else "")
+    said = (done.stdout + done.stderr).strip().splitlines()
+    return CheckResult(hook.id, "failed", f"exit {done.returncode}: " + " | ".join(said[-3:]))
+
+
+@dataclass
+class Outcome:
+    branch: ForwardBranch
+    runs: tuple[TestRun, TestRun] | None
+    checks: list[CheckResult]
+    pr_file: Path
+
+    @property
+    def ok(self) -> bool:
+        red_green = self.runs is None or (self.runs[0].red and self.runs[1].green)
+        return red_green and not any(c.outcome == "failed" for c in self.checks)
+
+
+def forward(
+    project_root: Path,
+    spec: str,
+    *,
+    upstream: str | None = None,
+    replace: bool = False,
+    test_run: bool = True,
+    checks: bool = True,
+) -> Outcome:
+    """Forward the patch ``spec`` (SERIES/PATCH): the branch, the red -> green run, the checks, the PR body."""
+    from vllm_overlay import lock, output, testenv, upstream_trees
+    from vllm_overlay.store import Store
+
+    identity = user_identity(project_root)  # refused before anything is built
+    locked = lock.load(project_root / lock.LOCK_NAME)
+    patch, earlier = find_patch(series.load_series(project_root / "patches"), spec)
+    store = Store()
+    source = upstream_trees.obtain(upstream, locked, store)
+    out_dir = project_root / "build" / "forward"
+    dest = out_dir / patch_stem(patch)
+    if replace and dest.exists():
+        shutil.rmtree(dest)
+    branch = make_branch(
+        lambda target: upstream_trees.checkout(store, source, target),
+        dest,
+        project_root,
+        patch,
+        earlier,
+        identity,
+        source.commit,
+    )
+    output.result(f"{branch.tree}: branch {branch.branch}, commit {branch.commit[:12]} {branch.title}")
+    env = testenv.ensure(locked, store) if test_run else None
+    runs = run_tests(env.python, branch, out_dir / f".{patch_stem(patch)}.tests") if env is not None else None
+    for run in runs or ():
+        output.result(f"ported test on the {run.side} tree: {run.summary} (log {run.log})")
+    results: list[CheckResult] = []
+    if checks:
+        python = env.python if env is not None else Path(shutil.which("python3") or "python3")
+        tools = Tools(
+            python=python,
+            ruff=_ruff_installed(),
+            missing_dependencies=lambda hook: missing_dependencies(python, list(hook.additional_dependencies)),
+        )
+        results = run_checks(branch.tree, branch.base, list(branch.files), tools)
+        for result in results:
+            output.result(f"pre-commit {result}")
+    pr_file = out_dir / f"{patch_stem(patch)}.pr.md"
+    pr_file.write_text(pr_body(patch, branch, source.label, runs, results), encoding="utf-8")
+    output.result(f"wrote {pr_file}")
+    return Outcome(branch, runs, results, pr_file)
+
+
+def _ruff_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("ruff") is not None
