@@ -530,7 +530,7 @@ def run_checks(tree: Path, base: str, files: list[str], tools: Tools, timeout: i
 def _ruff_style(tree: Path, base: str) -> object:
     from vllm_overlay import upstream_style
 
-    return upstream_style.check(tree, base)
+    return upstream_style.check_in_place(tree, base)
 
 
 def _ruff_result(hook: Hook, style: object) -> CheckResult:

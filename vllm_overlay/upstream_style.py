@@ -61,6 +61,47 @@ def changed_python_files(repo: git.Repo, base: str, head: str = "HEAD") -> list[
     return sorted(name for name in names.split("\0") if name)
 
 
+def check_in_place(tree: Path, base: str) -> StyleReport:
+    """As ``check``, but ruff runs in whole trees: ``tree`` itself (its HEAD, clean) and ``base``
+    checked out beside it for the time of the check.
+
+    The scratch copies ``check`` makes hold only the changed files, so a rule that looks at the
+    project around a file can judge it otherwise than upstream's own run does (isort tells
+    first-party from third-party imports by the packages it finds: a new test importing the
+    project's ``tests`` package is ordered differently in a copy that lacks it). A branch about to
+    be sent upstream (scripts/forward) is checked where it will be checked.
+    """
+    try:
+        import ruff  # noqa: F401  (only to say clearly that it is missing)
+    except ImportError:
+        raise UpstreamStyleError("ruff is not installed: python3 -m pip install -e '.[test]'") from None
+    try:
+        repo = git.Repo(tree)
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+        raise UpstreamStyleError(f"{tree} is not a git repository") from None
+    if _blob(repo, base, CONFIG_FILE) is None:
+        raise UpstreamStyleError(f"the upstream tree at {base} has no {CONFIG_FILE}: no ruff configuration to check")
+    files = changed_python_files(repo, base)
+    with tempfile.TemporaryDirectory(prefix="upstream-style-") as scratch:
+        pristine_root = Path(scratch, "pristine")
+        repo.git.worktree("add", "--detach", "--quiet", str(pristine_root), base)
+        try:
+            in_pristine = [name for name in files if (pristine_root / name).is_file()]
+            before, after = _findings(pristine_root, in_pristine), _findings(tree, files)
+            unformatted_before = _unformatted(pristine_root, in_pristine)
+            unformatted_after = _unformatted(tree, files)
+        finally:
+            repo.git.worktree("remove", "--force", str(pristine_root))
+    new = after - before
+    return StyleReport(
+        files=tuple(files),
+        new_findings=tuple(sorted(new.elements(), key=str)),
+        newly_unformatted=tuple(sorted(unformatted_after - unformatted_before)),
+        pristine_findings=sum(before.values()),
+        patched_findings=sum(after.values()),
+    )
+
+
 def _blob(repo: git.Repo, rev: str, path: str) -> bytes | None:
     try:
         return (repo.commit(rev).tree / path).data_stream.read()

@@ -87,3 +87,22 @@ def test_lint_patches_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert (clean, dirty, missing) == (0, 1, 2)
     assert "vllm/core.py: not formatted" in out.out
     assert "not a git repository" in out.err or "nowhere" in out.err
+
+
+def test_in_place_judges_imports_by_the_whole_tree_as_upstream_does(tmp_path: Path) -> None:
+    # A new test file that imports a top-level package of the tree beside its third-party import:
+    # in the whole tree `helpers` is first-party (its own block); in check's scratch copy, which
+    # lacks it, isort takes it for third-party and wants one block.
+    tree = _tree(tmp_path)
+    (tree / "helpers").mkdir()
+    (tree / "helpers" / "__init__.py").write_text("VALUE = 1\n")
+    git(tree, "add", "-A")
+    git(tree, "commit", "-qm", "upstream helpers")
+    git(tree, "config", "vllm-overlay.upstream", git(tree, "rev-parse", "HEAD").strip())
+    (tree / "vllm" / "sub" / "test_new.py").parent.mkdir(exist_ok=True)
+    _commit(tree, {"vllm/sub/test_new.py": "import pytest\n\nimport helpers\n\nassert pytest and helpers.VALUE\n"})
+    scratch = upstream_style.check(tree, _base(tree))
+    assert [(f.path, f.code) for f in scratch.new_findings] == [("vllm/sub/test_new.py", "I001")]
+    in_place = upstream_style.check_in_place(tree, _base(tree))
+    assert in_place.ok and in_place.files == ("vllm/sub/test_new.py",)
+    assert "upstream-style-" not in git(tree, "worktree", "list")  # the pristine checkout is gone again
