@@ -90,14 +90,15 @@ def user_identity(cwd: Path) -> Identity:
 
 
 def find_patch(patches: list[Patch], spec: str) -> tuple[Patch, list[Patch]]:
-    """The patch ``SERIES/PATCH`` names (``.patch`` optional) and the patches before it in its series."""
+    """The patch ``SERIES/PATCH`` names (``.patch`` optional) and the patches before it in patches/series
+    (of any series: a patch may be made on top of another series' patch)."""
     series_name, _, patch_name = spec.partition("/")
     stem = patch_name.removesuffix(".patch")
     if not series_name or not stem or "/" in stem:
         raise ForwardError(f"{spec!r}: expected SERIES/PATCH, e.g. byte-accounting/<file name>")
     for index, patch in enumerate(patches):
         if series_of(patch) == series_name and patch_stem(patch) == stem:
-            return patch, [p for p in patches[:index] if series_of(p) == series_name]
+            return patch, patches[:index]
     raise ForwardError(f"{spec!r} names no patch listed in patches/series")
 
 
@@ -189,17 +190,18 @@ def apply_alone(tree: Path, patch: Patch, earlier: list[Patch], scratch: Path) -
     if code != 0:
         needed = _needed_earlier(tree, mail, earlier, scratch)
         if needed is not None:
+            whose = "of its series" if series_of(needed) == series_of(patch) else f"of the {series_of(needed)} series"
             raise ForwardError(
                 f"{patch.name} does not apply alone on the upstream release: it is made on top of "
-                f"{needed.name} (the earlier patch of its series it needs); forward that one first, or fold "
-                "the two into one patch"
+                f"{needed.name} (the earlier patch {whose} it needs, with those before it); forward that one "
+                "first, or fold them into one pull request"
             )
         raise ForwardError(f"{patch.name} does not apply on the upstream release: {err.strip().splitlines()[-1]}")
     patched_repo.git(tree, "apply", "--index", str(mail))
 
 
 def _needed_earlier(tree: Path, mail: Path, earlier: list[Patch], scratch: Path) -> Patch | None:
-    """The earlier patch of the series after which (with those before it) the patch applies."""
+    """The earlier patch after which (with those before it in patches/series) the patch applies."""
     index = scratch / "index"
     shutil.copyfile(tree / ".git" / "index", index)
     env = {"GIT_INDEX_FILE": str(index)}
@@ -227,6 +229,40 @@ def make_branch(
     message = commit_message(patch, identity)
     if dest.exists():
         raise ForwardError(f"{dest} exists: remove it (or pass --replace) to forward {patch.name} again")
+    # Built beside dest and renamed into place once committed: a refused or interrupted forward
+    # leaves no half-made checkout that the next run would have to be told to replace.
+    partial = dest.with_name(f".{dest.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    try:
+        branch = _commit_in(clone, partial, project_root, patch, earlier, identity, tests, message)
+        partial.rename(dest)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    commit = patched_repo.git(dest, "rev-parse", "HEAD").strip()
+    files = patched_repo.git(dest, "diff", "--name-only", "--no-renames", base, commit).split()
+    return ForwardBranch(
+        tree=dest,
+        branch=branch,
+        base=base,
+        commit=commit,
+        title=message.splitlines()[0],
+        message=message,
+        files=tuple(files),
+        tests=tuple(t.upstream_path for t in tests),
+    )
+
+
+def _commit_in(
+    clone: Callable[[Path], None],
+    dest: Path,
+    project_root: Path,
+    patch: Patch,
+    earlier: list[Patch],
+    identity: Identity,
+    tests: list[PortedTest],
+    message: str,
+) -> str:
+    """Clone the upstream at ``dest`` and commit the patch and its ported tests there; the branch name."""
     clone(dest)
     branch = f"forward/{patch_stem(patch)}"
     patched_repo.git(dest, "branch", "--move", "patched", branch)
@@ -248,18 +284,7 @@ def make_branch(
         patched_repo.git(
             dest, "commit", "--quiet", "--no-verify", "--cleanup=verbatim", "-F", str(message_file), env=env
         )
-    commit = patched_repo.git(dest, "rev-parse", "HEAD").strip()
-    files = patched_repo.git(dest, "diff", "--name-only", "--no-renames", base, commit).split()
-    return ForwardBranch(
-        tree=dest,
-        branch=branch,
-        base=base,
-        commit=commit,
-        title=message.splitlines()[0],
-        message=message,
-        files=tuple(files),
-        tests=tuple(t.upstream_path for t in tests),
-    )
+    return branch
 
 
 @dataclass(frozen=True)

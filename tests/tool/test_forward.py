@@ -104,7 +104,26 @@ def test_a_patch_that_needs_an_earlier_one_is_refused(project, upstream_dir, mak
     assert _forward(project, upstream_dir, second) == 2
 
     err = capsys.readouterr().err
-    assert f"it is made on top of {first.parent.name}/{first.name}" in err
+    assert f"it is made on top of {first.parent.name}/{first.name} (the earlier patch of its series" in err
+    # Refused after the upstream was checked out: nothing of it is left for a next run to replace.
+    assert list((project / "build" / "forward").iterdir()) == []
+
+
+def test_a_patch_made_on_another_series_patch_names_it(project, upstream_dir, make_patch, identity, capsys):
+    first = make_patch(upstream_dir, change_line_20, "core: fix line 20", series="routes")
+    second = make_patch(
+        upstream_dir,
+        lambda tree: replace_line(tree / "vllm" / "core.py", "line_20 = 200\n", "line_20 = 2000\n"),
+        "core: share line 20",
+        series="buffers",
+    )
+    _port_test(project, second)
+
+    assert _forward(project, upstream_dir, second) == 2
+
+    err = capsys.readouterr().err
+    assert f"it is made on top of routes/{first.name} (the earlier patch of the routes series" in err
+    assert list((project / "build" / "forward").iterdir()) == []
 
 
 def test_ported_test_must_not_import_the_harness(project, upstream_dir, make_patch, identity, capsys):
