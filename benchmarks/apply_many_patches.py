@@ -28,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from vllm_overlay.upstream_trees import IMPORT_IDENTITY  # noqa: E402  (fixed identity and dates)
+from vllm_overlay.upstream.trees import IMPORT_IDENTITY  # noqa: E402  (fixed identity and dates)
 
 TRAILERS = (
     "Description: bench patch {index}\nOrigin: vendor\nForwarded: no\nLast-Update: 2026-12-01\n"

@@ -26,9 +26,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from vllm_overlay import lock, series  # noqa: E402
+from vllm_overlay import series  # noqa: E402
 from vllm_overlay.audit import session  # noqa: E402
 from vllm_overlay.store import Store  # noqa: E402
+from vllm_overlay.upstream import lock  # noqa: E402
 
 
 def cpu_seconds() -> float:

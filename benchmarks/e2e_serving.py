@@ -25,10 +25,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from vllm_overlay import carry, cpu_runtime, lock  # noqa: E402
+from vllm_overlay.cpu import carry  # noqa: E402
+from vllm_overlay.cpu import runtime as cpu_runtime  # noqa: E402
 from vllm_overlay.e2e import layout, scenarios, suite  # noqa: E402
 from vllm_overlay.e2e.server import Server, ServerSpec, stream_completion  # noqa: E402
 from vllm_overlay.store import Store  # noqa: E402
+from vllm_overlay.upstream import lock  # noqa: E402
 
 
 def one_round(server: Server, clients: int, requests: int, max_tokens: int) -> tuple[float, list[float]]:

@@ -32,8 +32,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from vllm_overlay import export  # noqa: E402  (the tool of the tree this script lies in)
-from vllm_overlay.upstream_trees import IMPORT_IDENTITY  # noqa: E402  (fixed identity and dates)
+from vllm_overlay.apply import export  # noqa: E402  (the tool of the tree this script lies in)
+from vllm_overlay.upstream.trees import IMPORT_IDENTITY  # noqa: E402  (fixed identity and dates)
 
 MESSAGE = "mod_{module}: change line {line} ({index})\n\nWhy.\n\nSeries: bench\n"
 

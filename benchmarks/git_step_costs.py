@@ -61,7 +61,11 @@ from pathlib import Path
 
 from speed_tool_vs_git import ENV, series_files, store_repo, upstream_tag  # this folder: the same cache
 
-from vllm_overlay import narrow, patched_repo, series  # importable once speed_tool_vs_git put the checkout on the path
+from vllm_overlay import series  # importable once speed_tool_vs_git put the checkout on the path
+from vllm_overlay.apply import (
+    narrow,  # importable once speed_tool_vs_git put the checkout on the path
+    patched_repo,  # importable once speed_tool_vs_git put the checkout on the path
+)
 
 REPO = Path(__file__).resolve().parents[1]
 STATUS = ["status", "--porcelain=v2", "--branch", "--untracked-files=all", "--no-renames"]

@@ -29,8 +29,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from vllm_overlay import envproof, lock, record, testenv  # noqa: E402
+from vllm_overlay.env import proof as envproof  # noqa: E402
+from vllm_overlay.env import record, testenv  # noqa: E402
 from vllm_overlay.store import Store  # noqa: E402
+from vllm_overlay.upstream import lock  # noqa: E402
 
 
 def timed(function) -> tuple[float, float, object]:

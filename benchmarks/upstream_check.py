@@ -16,8 +16,8 @@ import statistics
 import time
 from pathlib import Path
 
-from vllm_overlay import lock, objects
 from vllm_overlay.store import Store
+from vllm_overlay.upstream import lock, objects
 
 
 def main() -> None:

@@ -24,13 +24,15 @@ from pathlib import Path
 import git
 from packaging.version import InvalidVersion, Version
 
-from vllm_overlay import apply, export, patched_repo, upstream_trees
-from vllm_overlay import lock as lockfile
+from vllm_overlay.apply import engine as apply
+from vllm_overlay.apply import export, patched_repo
 from vllm_overlay.audit import dependencies
 from vllm_overlay.errors import InputError, WorkFailure
-from vllm_overlay.lock import Artifact, Lock
 from vllm_overlay.series import Patch, as_git_am_reads
 from vllm_overlay.store import Store
+from vllm_overlay.upstream import lock as lockfile
+from vllm_overlay.upstream import trees as upstream_trees
+from vllm_overlay.upstream.lock import Artifact, Lock
 
 STATE_FILE = "vllm-overlay-bump.json"
 BACKUP_DIR = "vllm-overlay-backup"  # inside the bump repository's .git: patches/ and upstream.lock

@@ -20,10 +20,11 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_overlay import output, testenv
-from vllm_overlay.lock import Lock
+from vllm_overlay import output
+from vllm_overlay.env import testenv
 from vllm_overlay.store import Store
 from vllm_overlay.testrun import verdict_store
+from vllm_overlay.upstream.lock import Lock
 
 SCOPE_RE = re.compile(r"^[0-9A-Za-z_.-]+-r[0-9]+$")  # verdict_store.scope_name's shape
 CURRENT = "current"
@@ -64,8 +65,8 @@ def disk_usage(path: Path) -> int:
 
 def _kept_keys(store: Store) -> set[str]:
     """Environments of this checkout other than the test environment: the CPU runtime's
-    (cpu/runtime.lock, vllm_overlay.cpu_runtime), where its wheel is in the cache to derive it from."""
-    from vllm_overlay import cpu_runtime
+    (cpu/runtime.lock, vllm_overlay.cpu.runtime), where its wheel is in the cache to derive it from."""
+    from vllm_overlay.cpu import runtime as cpu_runtime
 
     key = cpu_runtime.cached_key(store)
     return {key} if key else set()
@@ -124,7 +125,7 @@ def entries(store: Store, lock: Lock) -> list[Entry]:
 
 def prune(store: Store, lock: Lock, dry_run: bool = False) -> list[Entry]:
     """Remove the stale environments and unfinished builds; return what was (or would be) removed."""
-    from vllm_overlay.cpu_runtime import STORE_LOCK
+    from vllm_overlay.cpu.runtime import STORE_LOCK
 
     # No build or check may run while environments are removed (the CPU runtime builds under a lock
     # of its own).

@@ -15,7 +15,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from vllm_overlay import errors, gitenv, indexes, output, report
+from vllm_overlay import errors, gitenv, output, report
+from vllm_overlay.upstream import indexes
 
 # verb -> (module under vllm_overlay.commands, one-line help)
 VERBS: dict[str, tuple[str, str]] = {

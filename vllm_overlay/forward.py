@@ -28,7 +28,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_overlay import gitenv, patched_repo, series, shadow
+from vllm_overlay import gitenv, series
+from vllm_overlay.apply import patched_repo
+from vllm_overlay.env import shadow
 from vllm_overlay.errors import InputError
 from vllm_overlay.lint import SPDX_LINES
 from vllm_overlay.series import MESSAGE_HEADINGS, Patch
@@ -624,8 +626,11 @@ def forward(
     checks: bool = True,
 ) -> Outcome:
     """Forward the patch ``spec`` (SERIES/PATCH): the branch, the red -> green run, the checks, the PR body."""
-    from vllm_overlay import lock, output, testenv, upstream_trees
+    from vllm_overlay import output
+    from vllm_overlay.env import testenv
     from vllm_overlay.store import Store
+    from vllm_overlay.upstream import lock
+    from vllm_overlay.upstream import trees as upstream_trees
 
     identity = user_identity(project_root)  # refused before anything is built
     locked = lock.load(project_root / lock.LOCK_NAME)

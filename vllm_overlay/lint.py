@@ -6,7 +6,8 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from vllm_overlay import lock, patch_index, paths
+from vllm_overlay import patch_index
+from vllm_overlay.apply import paths
 from vllm_overlay.audit import dependencies
 from vllm_overlay.series import (
     FORWARDED_NOT_RE,
@@ -26,6 +27,7 @@ from vllm_overlay.series import (
     shown,
     tests_path_problems,
 )
+from vllm_overlay.upstream import lock
 
 # vLLM's pre-commit requires both lines at the top of every Python file; the patch regression
 # tests are written to be sent upstream with their patches, so they carry them too.

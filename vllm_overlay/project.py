@@ -6,7 +6,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_overlay.lock import LOCK_NAME
+from vllm_overlay.upstream.lock import LOCK_NAME
 
 DEFAULT_ROOT = Path(__file__).resolve().parent.parent
 

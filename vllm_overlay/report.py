@@ -11,7 +11,7 @@ from vllm_overlay import atomicfile, output
 from vllm_overlay.errors import InputError
 
 if TYPE_CHECKING:  # the apply engine is imported by the verbs that apply, not by every start-up
-    from vllm_overlay.apply import Report
+    from vllm_overlay.apply.engine import Report
 
 
 def apply_table(report: Report) -> str:

@@ -72,7 +72,7 @@ class Store:
 
     @property
     def kept_builds(self) -> Path:
-        """Packs of the patch commits earlier applies made (vllm_overlay.kept_builds)."""
+        """Packs of the patch commits earlier applies made (vllm_overlay.apply.kept_builds)."""
         return self.root / "kept-builds"
 
     @property

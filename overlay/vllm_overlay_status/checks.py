@@ -10,7 +10,7 @@ cache file (.pyc) Python would run instead of a module's source holds the code o
 
 The wheel's RECORD is never the installed one: the image carries a copy (``wheel.RECORD`` in this
 package) whose sha256 the manifest states, and the manifest's sha256 is the image's label
-(``verify --expect manifest_sha256=...``). Tool-side, ``vllm_overlay.wheel_record`` reads it from
+(``verify --expect manifest_sha256=...``). Tool-side, ``vllm_overlay.env.wheel_record`` reads it from
 the locked wheel itself and passes it in.
 """
 
@@ -23,10 +23,10 @@ import py_compile
 import sys
 from pathlib import Path
 
-try:  # in the image: the copy of vllm_overlay/record.py that build-image staged beside this file
+try:  # in the image: the copy of vllm_overlay/env/record.py that build-image staged beside this file
     from . import _record
 except ImportError:  # in the tool's checkout: the original
-    from vllm_overlay import record as _record  # type: ignore[no-redef]
+    from vllm_overlay.env import record as _record  # type: ignore[no-redef]
 
 DIST = "vllm"
 OWN_DIST = "vllm-overlay-status"

@@ -2,7 +2,7 @@
 
 Nothing here imports vLLM: the tool's behaviour does not depend on what the files contain, so a
 small synthetic upstream (a ``vllm/`` package of a few files) exercises every code path quickly.
-The plain helpers the fixtures use live in helpers.py, which tests import directly.
+The plain helpers the fixtures use live in helpers/ (one module per fixture family), which tests import directly.
 """
 
 from __future__ import annotations
@@ -14,18 +14,21 @@ from pathlib import Path
 
 import pytest
 
-from tests.tool.helpers import (
+from tests.tool.helpers.apply_runs import run_apply
+from tests.tool.helpers.installs import fake_wheel_record
+from tests.tool.helpers.repos import (
     BODY,
     REPO_ROOT,
     SPDX_HEADER,
     TRAILERS,
     PatchMaker,
-    fake_wheel_record,
+    change_line_20,
     git,
     write_upstream,
 )
-from vllm_overlay import lock, wheel_record
+from vllm_overlay.env import wheel_record
 from vllm_overlay.store import Store
+from vllm_overlay.upstream import lock
 
 
 @pytest.fixture(autouse=True)
@@ -105,3 +108,11 @@ def make_patch(tmp_path: Path, project: Path) -> PatchMaker:
         return path
 
     return make
+
+
+@pytest.fixture
+def built(project, make_patch, upstream_dir, store_env):
+    """A project whose build/patched holds the applied one-patch series (apply-patches' tests)."""
+    make_patch(upstream_dir, change_line_20, "core: change line 20")
+    assert run_apply(project, upstream_dir)[0] == 0
+    return project

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.tool.helpers import change_line_20, run_apply
-from vllm_overlay import lock, upstream_trees
+from tests.tool.helpers.apply_runs import run_apply
+from tests.tool.helpers.repos import change_line_20
 from vllm_overlay.store import Store
+from vllm_overlay.upstream import lock
+from vllm_overlay.upstream import trees as upstream_trees
 
 
 @pytest.fixture
@@ -55,7 +57,7 @@ def test_next_run_removes_a_killed_download_and_import(project, upstream_dir, st
 
 def test_lock_and_junit_report_follow_the_umask(tmp_path, umask_022):
     """upstream.lock (bump rewrites it) and the JUnit report are read by others: not 0600."""
-    from tests.tool.helpers import REPO_ROOT
+    from tests.tool.helpers.repos import REPO_ROOT
     from vllm_overlay import junit
 
     path = tmp_path / "upstream.lock"

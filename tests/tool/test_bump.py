@@ -11,9 +11,12 @@ import subprocess
 import git
 import pytest
 
-from tests.tool.helpers import REPO_ROOT, Forked, alive, change_line_20, replace_line, wait_for, write_upstream
-from vllm_overlay import bump, cli, errors, lock, series, testrun, upstream_trees
+from tests.tool.helpers.processes import Forked, alive, wait_for
+from tests.tool.helpers.repos import REPO_ROOT, change_line_20, replace_line, write_upstream
+from vllm_overlay import bump, cli, errors, series, testrun
 from vllm_overlay.store import Store
+from vllm_overlay.upstream import lock
+from vllm_overlay.upstream import trees as upstream_trees
 
 
 def snapshot(project):

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.tool.helpers import REPO_ROOT
-from vllm_overlay import cache, cli, lock
+from tests.tool.helpers.repos import REPO_ROOT
+from vllm_overlay import cache, cli
 from vllm_overlay.store import Store
+from vllm_overlay.upstream import lock
 
 
 def fake_environment(store: Store, key: str, payload: int) -> Path:
@@ -72,7 +73,7 @@ def test_tool_requirements_of_an_installed_tool_come_from_its_metadata(tmp_path,
     """
     import tomllib
 
-    from vllm_overlay import testenv
+    from vllm_overlay.env import testenv
 
     from_checkout = testenv.tool_requirements()
     project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
@@ -94,7 +95,7 @@ def test_tool_requirements_of_an_installed_tool_come_from_its_metadata(tmp_path,
 
 
 def test_prune_keeps_the_cpu_runtime_of_this_checkout(project, store_env, monkeypatch):
-    from vllm_overlay import cpu_runtime
+    from vllm_overlay.cpu import runtime as cpu_runtime
 
     the_lock = lock.load(project / "upstream.lock")
     store = Store()

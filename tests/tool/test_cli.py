@@ -10,13 +10,23 @@ import sys
 
 import pytest
 
-from tests.tool.helpers import REPO_ROOT, verb_help
-from vllm_overlay import cli, testenv
+from tests.tool.helpers.cli import verb_help
+from tests.tool.helpers.repos import REPO_ROOT
+from vllm_overlay import cli
 from vllm_overlay.commands import patch_tests
+from vllm_overlay.env import testenv
 
 # Imported only by the work of a verb: GitPython, the SBOM library and its schema validator, the
 # test runner, the apply engine, the index reader.
-HEAVY = ("git", "cyclonedx", "jsonschema", "vllm_overlay.testrun", "vllm_overlay.apply", "urllib.request", "tqdm")
+HEAVY = (
+    "git",
+    "cyclonedx",
+    "jsonschema",
+    "vllm_overlay.testrun",
+    "vllm_overlay.apply.engine",
+    "urllib.request",
+    "tqdm",
+)
 
 PROBE = """
 import sys
@@ -57,9 +67,13 @@ def test_test_patches_names_the_environment_variable_envs_reads():
 
 def test_every_input_error_of_every_verb_ends_in_one_line_and_exit_2(tmp_path, capsys):
     """One error path: a verb raises its input error, cli.main says it in one line and exits 2."""
-    from vllm_overlay import apply, errors, export, lock, report, series, staging, upstream_trees
+    from vllm_overlay import errors, report, series
+    from vllm_overlay.apply import engine as apply
+    from vllm_overlay.apply import export, staging
     from vllm_overlay.e2e import container, layout
     from vllm_overlay.image import build_context, engine
+    from vllm_overlay.upstream import lock
+    from vllm_overlay.upstream import trees as upstream_trees
 
     families = [
         lock.LockError,

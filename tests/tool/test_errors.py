@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 import vllm_overlay
-from tests.tool.helpers import PatchMaker, change_line_20, replace_line, run_apply, write_upstream
+from tests.tool.helpers.apply_runs import run_apply
+from tests.tool.helpers.repos import PatchMaker, change_line_20, replace_line, write_upstream
 from vllm_overlay import cli, errors
 
 
@@ -160,7 +161,7 @@ def _caught_names(handler: ast.ExceptHandler) -> list[str]:
 def test_the_error_classes_are_found() -> None:
     classes = _project_error_classes()
     assert classes["vllm_overlay.errors.InputError"] is errors.InputError
-    assert issubclass(classes["vllm_overlay.lock.LockError"], errors.InputError)
+    assert issubclass(classes["vllm_overlay.upstream.lock.LockError"], errors.InputError)
     assert issubclass(classes["vllm_overlay.report.ReportPathError"], errors.InputError)
 
 

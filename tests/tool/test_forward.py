@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tool.helpers import SPDX_HEADER, change_line_20, git, replace_line
+from tests.tool.helpers.repos import SPDX_HEADER, change_line_20, git, replace_line
 from vllm_overlay import cli, forward
 
 PORTED = SPDX_HEADER + "from vllm.core import line_20\n\n\ndef test_line_20():\n    assert line_20 == 200\n"

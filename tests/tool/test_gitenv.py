@@ -9,7 +9,8 @@ from pathlib import Path
 
 import git
 
-from tests.tool.helpers import run_apply, write_upstream
+from tests.tool.helpers.apply_runs import run_apply
+from tests.tool.helpers.repos import write_upstream
 from vllm_overlay import gitenv
 
 HOSTILE = """[core]

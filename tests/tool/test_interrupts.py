@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from tests.tool.helpers import Forked, alive
+from tests.tool.helpers.processes import Forked, alive
 from vllm_overlay import interrupts
 
 

@@ -2,7 +2,7 @@
 
 A newcomer looking for the tests of a module finds them by its path. A module without a test module
 of its own is listed here with where its behaviour is proven instead; the list cannot rot: an entry
-that gains a test module, or names no module, fails too. Shared helpers live in helpers.py and
+that gains a test module, or names no module, fails too. Shared helpers live in helpers/ and
 fixtures in conftest.py: a test module never imports another test module or a conftest.
 """
 
@@ -11,14 +11,14 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from tests.tool.helpers import REPO_ROOT
+from tests.tool.helpers.repos import REPO_ROOT
 
 PACKAGE = REPO_ROOT / "vllm_overlay"
 TESTS = REPO_ROOT / "tests" / "tool"
 
 # Modules proven elsewhere, and where.
 ELSEWHERE = {
-    "faults.py": "test infrastructure (VLLM_OVERLAY_KILL_AT); the kills it makes are test_apply_faults.py's",
+    "faults.py": "test infrastructure (VLLM_OVERLAY_KILL_AT); the kills it makes are apply/test_engine_faults.py's",
     "image/errors.py": "ImageError alone: raised and asserted by the image tests; an input error (test_errors.py)",
     "e2e/fault_models.py": "loaded inside a vLLM server (imports vllm, torch): serve-e2e's hang and TP failures",
     "e2e/tp_probe.py": "runs inside the CPU runtime at TP=2 (imports vllm and torch); serve-e2e --tp",
@@ -26,6 +26,7 @@ ELSEWHERE = {
     "testrun/runner.py": "the run over a plan: testrun/test_session.py and testrun/test_verdict_store.py",
     "testrun/render.py": "the table and JUnit cases: the whole runs of testrun/test_session.py read them",
     "testrun/trees.py": "the shadow trees of every prefix: testrun/test_plan.py and testrun/test_session.py",
+    "upstream/index_entry.py": "two plain types (what an index lists): upstream/test_indexes.py, test_index_pages.py",
 }
 
 

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tests.tool.helpers import BODY, FORWARDED, change_line_20
+from tests.tool.helpers.repos import BODY, FORWARDED, change_line_20
 from vllm_overlay import cli, lint
 
 
@@ -251,7 +251,7 @@ def test_lint_into_a_closed_pipe_ends_quietly(project, make_patch, upstream_dir)
     import subprocess
     import sys
 
-    from tests.tool.helpers import REPO_ROOT
+    from tests.tool.helpers.repos import REPO_ROOT
 
     make_patch(upstream_dir, change_line_20, "core: change line 20")
     for number in range(3000):  # more problem lines than a pipe holds: the writer is still writing

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.tool.helpers import FORWARDED, REPO_ROOT, change_line_20
+from tests.tool.helpers.repos import FORWARDED, REPO_ROOT, change_line_20
 from vllm_overlay import cli, lint, patch_index, series
 
 BUG = "https://github.com/vllm-project/vllm/issues/2"

@@ -17,10 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.tool.helpers import REPO_ROOT
-from vllm_overlay import cache, lock, wheel_record
+from tests.tool.helpers.repos import REPO_ROOT
+from vllm_overlay import cache
+from vllm_overlay.env import wheel_record
 from vllm_overlay.image import build_context
 from vllm_overlay.store import Store
+from vllm_overlay.upstream import lock
 
 OVERLAY = REPO_ROOT / "overlay"
 # vLLM's own loader, twice in one process (one vLLM import): the intact overlay, then the status

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.tool.helpers import REPO_ROOT
+from tests.tool.helpers.repos import REPO_ROOT
 from vllm_overlay import project
-from vllm_overlay.lock import LOCK_NAME
+from vllm_overlay.upstream.lock import LOCK_NAME
 
 
 def test_layout_under_the_root(tmp_path: Path) -> None:

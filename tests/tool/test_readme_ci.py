@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tool.helpers import REPO_ROOT
+from tests.tool.helpers.repos import REPO_ROOT
 from vllm_overlay import readme_ci
 
 

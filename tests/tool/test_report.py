@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.tool.helpers import PatchMaker, change_line_20, replace_line, run_apply, write_upstream
+from tests.tool.helpers.apply_runs import run_apply
+from tests.tool.helpers.repos import PatchMaker, change_line_20, replace_line, write_upstream
 from vllm_overlay import report
-from vllm_overlay.apply import Report
-from vllm_overlay.classify import HunkNote, PatchResult, Status
+from vllm_overlay.apply.classify import HunkNote, PatchResult, Status
+from vllm_overlay.apply.engine import Report
 from vllm_overlay.errors import InputError
-from vllm_overlay.upstream_trees import Upstream
+from vllm_overlay.upstream.trees import Upstream
 
 UPSTREAM = Upstream(
     kind="release",

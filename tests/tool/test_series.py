@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from tests.tool.helpers import change_line_20
+from tests.tool.helpers.repos import change_line_20
 from vllm_overlay import series
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pip
 import pytest
 
-from tests.tool.helpers import REPO_ROOT
+from tests.tool.helpers.repos import REPO_ROOT
 
 # Nothing installs this: a pip install from this pyproject.toml fails, so a run that exits 0 installed nothing.
 UNINSTALLABLE = '[project]\nname = "scratch"\nversion = "0"\ndependencies = ["no-such-distribution-vllm-overlay==0"]\n'

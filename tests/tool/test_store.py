@@ -156,7 +156,7 @@ def test_no_module_but_the_store_names_a_cache_folder() -> None:
     """``<path> / "<cache folder>"`` anywhere in the package but store.py: ask the Store for the folder."""
     import ast
 
-    from tests.tool.helpers import REPO_ROOT
+    from tests.tool.helpers.repos import REPO_ROOT
 
     names = {p.name for p in Store(Path("/cache")).folders()}
     found = []

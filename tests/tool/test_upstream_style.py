@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tool.helpers import git
+from tests.tool.helpers.repos import git
 from vllm_overlay import upstream_style
 from vllm_overlay.cli import main
 

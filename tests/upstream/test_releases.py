@@ -32,10 +32,14 @@ from pathlib import Path
 import git
 import pytest
 
-from vllm_overlay import apply, bump, cli, lock, series, upstream_trees
+from vllm_overlay import bump, cli, series
+from vllm_overlay.apply import engine as apply
+from vllm_overlay.apply import run as apply_run
 from vllm_overlay.audit import review
 from vllm_overlay.audit.decisions import store_reader
 from vllm_overlay.store import Store
+from vllm_overlay.upstream import lock
+from vllm_overlay.upstream import trees as upstream_trees
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -337,9 +341,9 @@ def test_round_trip_to_an_older_release_and_back_is_byte_identical(tmp_path: Pat
     store = Store()
     locked = upstream_trees.obtain(None, the_lock, store)
     original = tmp_path / "original"
-    report = apply.apply_series(
+    report = apply_run.apply_series(
         series.load_series(REPO / "patches"), locked,
-        lambda d, only: upstream_trees.checkout(store, locked, d, only), original, apply.Options(),
+        store, original, apply.Options(),
     )  # fmt: skip
     assert report.ok
     by_subject = {r.subject: r.commit for r in report.results}

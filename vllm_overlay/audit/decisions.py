@@ -12,7 +12,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
-from vllm_overlay.apply import PatchResult, Status
+from vllm_overlay.apply.engine import PatchResult, Status
 from vllm_overlay.audit import dependencies, review, targets
 from vllm_overlay.series import Patch
 

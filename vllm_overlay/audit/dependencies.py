@@ -28,10 +28,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from vllm_overlay import output, upstream_trees
+from vllm_overlay import output
 from vllm_overlay.audit import targets
 from vllm_overlay.series import Patch
 from vllm_overlay.store import Store
+from vllm_overlay.upstream import trees as upstream_trees
 
 TRAILER = "Dependency-Targets"
 DISTRIBUTION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")

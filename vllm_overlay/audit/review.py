@@ -22,8 +22,8 @@ from pyflakes import api as pyflakes_api
 from pyflakes import messages as pyflakes_messages
 from pyflakes import reporter as pyflakes_reporter
 
+from vllm_overlay.apply.classify import HunkNote, PatchResult, Status
 from vllm_overlay.audit import targets
-from vllm_overlay.classify import HunkNote, PatchResult, Status
 from vllm_overlay.series import Patch
 
 CONFLICT_START_RE = re.compile(r"^<{7}( |$)")

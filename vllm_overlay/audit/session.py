@@ -12,11 +12,14 @@ from pathlib import Path
 
 import git
 
-from vllm_overlay import apply, patched_repo, upstream_trees
+from vllm_overlay.apply import engine as apply
+from vllm_overlay.apply import patched_repo
+from vllm_overlay.apply import run as apply_run
 from vllm_overlay.audit import decisions, dependencies, review, targets
-from vllm_overlay.lock import Lock
 from vllm_overlay.series import Patch
 from vllm_overlay.store import Store
+from vllm_overlay.upstream import trees as upstream_trees
+from vllm_overlay.upstream.lock import Lock
 
 Progress = Callable[[int, int, str], None]
 
@@ -197,19 +200,19 @@ def _apply_on_both(
     clock: _Clock,
 ) -> tuple[apply.Report, apply.Report]:
     """The series applied on the old upstream as it is, then on the new one with offset, fuzz and 3-way."""
-    old_report = apply.apply_series(
+    old_report = apply_run.apply_series(
         patches,
         old,
-        lambda d, only: upstream_trees.checkout(store, old, d, only),
+        store,
         old_dir,
         apply.Options(),
         publish_partial=True,
     )
     clock.lap("apply on the old upstream")
-    report = apply.apply_series(
+    report = apply_run.apply_series(
         patches,
         new,
-        lambda d, only: upstream_trees.checkout(store, new, d, only),
+        store,
         new_dir,
         apply.Options(allow_offset=True, allow_fuzz=True, three_way=True),
         progress=progress,

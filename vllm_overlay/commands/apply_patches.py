@@ -28,12 +28,11 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vllm_overlay import indexes, output, project
-from vllm_overlay.errors import InputError, Interrupted
+from vllm_overlay import project
+from vllm_overlay.upstream import indexes
 
 if TYPE_CHECKING:
-    from vllm_overlay import apply, lock, series, upstream_trees
-    from vllm_overlay.store import Store
+    pass
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -86,206 +85,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vllm_overlay import apply, interrupts  # imported here: --help and other verbs never need them
+    from vllm_overlay.apply import session  # imported here: --help and other verbs never need it
 
-    proj = project.from_args(args)
-    target = (args.output or proj.patched_tree).resolve()
-    with interrupts.terminate_as_interrupt():
-        try:
-            return _run(args, proj, target)
-        except apply.Interrupted as exc:
-            published = exc.published
-        except KeyboardInterrupt:  # while obtaining the upstream: end the git it may have started
-            interrupts.end_child_processes()
-            published = False
-    raise Interrupted(f"interrupted; {target} " + ("already holds the new tree" if published else "unchanged"))
-
-
-def _run(args: argparse.Namespace, proj: project.Project, target: Path) -> int:
-    from vllm_overlay import apply, apply_record, lock, series, staging, upstream_trees
-    from vllm_overlay.store import Store
-
-    # Input errors (lock, series, upstream, an output this tool did not publish) end in cli.main: exit 2.
-    the_lock = lock.load(proj.lock_file)
-    store = Store(wait=args.wait)  # --no-wait: the cache's locks too, not only the output's
-    options = apply.Options(args.allow_offset, args.allow_fuzz, args.three_way)
-    if args.upstream is None and not args.only and not args.rebuild:
-        recorded = upstream_trees.imported_locked(the_lock, store)
-        mails = series.read_series_bytes(proj.patches, allow_empty=False)
-        digest = apply_record.lock_digest(the_lock)
-        unchanged = recorded and apply.unchanged_report(
-            target, digest, recorded, options, mails, args.wait, output.waiting_for(target)
-        )
-        if unchanged:
-            return _report_applied(args, unchanged, [], the_lock, store, unchanged.upstream, target)
-        if recorded:
-            # The spare's record, read once: the upstream it was built from, when that is the locked
-            # import (the run may then need no upstream file), and how many patches it holds.
-            spare_record = apply_record.load(staging.spare_path(target))
-            spare = apply_record.upstream_if_imported(spare_record, digest, recorded)
-            held = apply_record.same_prefix(spare_record, mails) if spare and spare_record else 0
-            spare_upstream = upstream_trees.Upstream(**spare) if spare else None
-            return _build(args, proj, target, the_lock, store, options, spare_upstream, mails, held)
-    return _build(args, proj, target, the_lock, store, options)
-
-
-def _build(
-    args: argparse.Namespace,
-    proj: project.Project,
-    target: Path,
-    the_lock: lock.Lock,
-    store: Store,
-    options: apply.Options,
-    spare_upstream: upstream_trees.Upstream | None = None,
-    mails: list[tuple[str, bytes]] | None = None,
-    parsed_before: int = 0,
-) -> int:
-    """Obtain (and verify) the upstream and apply the series: what every run does that a record cannot answer.
-
-    With ``spare_upstream`` (the locked import, which the output's spare tree was built from) the
-    upstream is obtained only if the run checks it out: a re-apply that starts from the spare reads
-    no upstream file (the spare holds the verified upstream's commit, as the output does), and
-    one that cannot verifies it first, as every build from upstream does. ``mails``: the patch
-    files as already read (``series.read_series_bytes``); the first ``parsed_before``, which the
-    spare's record names (or more, where a kept build of the run's inputs records more), are parsed
-    only if the run needs them (``series.patches_from_bytes``).
-    """
-    from vllm_overlay import apply, apply_record, kept_builds, series, staging, upstream_trees
-
-    parsed = series.load_series(proj.patches, allow_empty=False) if mails is None else []
-    upstream = spare_upstream or upstream_trees.obtain(args.upstream, the_lock, store)
-    staging.check_replaceable(target)  # the user's own directory: refused before anything else
-    inputs = apply_record.inputs_for(
-        the_lock, upstream, (options.allow_offset, options.allow_fuzz, options.three_way), bool(args.only)
+    request = session.Request(
+        upstream=args.upstream,
+        output=args.output,
+        only=args.only,
+        allow_offset=args.allow_offset,
+        allow_fuzz=args.allow_fuzz,
+        three_way=args.three_way,
+        rebuild=args.rebuild,
+        wait=args.wait,
+        base_upstream=args.base_upstream,
+        discard_unexported=args.discard_unexported,
+        json=args.json,
     )
-    if mails is not None:
-        # The patches a kept build of these inputs records were parsed by this engine too: a build
-        # into a new output that a kept build serves parses none of them (a run the spare serves
-        # does not look).
-        kept_before = 0 if args.rebuild or parsed_before else kept_builds.held(store, inputs, mails)
-        parsed = series.patches_from_bytes(proj.patches, mails, max(parsed_before, kept_before))
-    patches = series.select(parsed, args.only)
-
-    def verified_upstream() -> upstream_trees.Upstream:
-        """The upstream, verified (a run that started from the spare's record had not yet read it)."""
-        verified = upstream_trees.obtain(args.upstream, the_lock, store) if spare_upstream else upstream
-        if verified != upstream:
-            raise apply.ApplyError(
-                f"the upstream cache's {upstream.tag} changed while this run started ({upstream.commit} was "
-                f"recorded, {verified.commit} verified); run again"
-            )
-        return verified
-
-    def checkout(dest: Path, only: list[str] | None) -> None:
-        upstream_trees.checkout(store, verified_upstream(), dest, only)
-
-    def refuse_lost_work() -> None:
-        """Under the output's lock, before it is rebuilt (an unchanged output is never replaced)."""
-        if not target.is_dir() or args.discard_unexported:
-            return
-        from vllm_overlay import export  # here: a run that replaces an untouched output never needs it
-
-        lost = export.unexported_work(target, proj.patches, staging.published_head(target))
-        if lost:
-            raise apply.WorkWouldBeLost(
-                f"{target} holds work that is not in patches/, which replacing it would throw away: "
-                + "; ".join(lost)
-                + ". Commit it and run scripts/export-patches first, or pass --discard-unexported to drop it"
-            )
-
-    output.info(f"applying {len(patches)} patch(es) onto upstream {upstream.label} -> {target}")
-    try:
-        result = apply.apply_series(
-            patches,
-            upstream,
-            checkout,
-            target,
-            options,
-            progress=lambda i, n, name: output.info(f"[{i}/{n}] {name}"),
-            seed_base=lambda: base_upstream(args.base_upstream, the_lock, store, upstream).commit,
-            wait=args.wait,
-            on_wait=output.waiting_for(target),
-            partial=bool(args.only),
-            inputs=inputs,
-            before_replace=refuse_lost_work,
-            reuse=not args.rebuild,
-            kept=kept_builds.KeptBuilds(store, inputs, upstream.commit, verified_upstream),
-        )
-    except git_failures() as exc:  # not a patch's fault (that is a status): the machine's
-        raise InputError(f"git failed: {git_failure_text(exc)}; {target} unchanged") from exc
-    return _report_applied(args, result, patches, the_lock, store, upstream, target)
-
-
-def git_failures() -> tuple[type[Exception], ...]:
-    """The exceptions of a git step that failed: the plain git calls', and GitPython's where a step
-    used it (evaluated when an exception arrives: a run that never imported GitPython raises none)."""
-    import sys
-
-    from vllm_overlay import patched_repo
-
-    gitpython = sys.modules.get("git")
-    return (patched_repo.GitError, gitpython.GitCommandError) if gitpython else (patched_repo.GitError,)
-
-
-def git_failure_text(exc: Exception) -> str:
-    command = getattr(exc, "command", None)  # GitPython's
-    if command is None:
-        return str(exc)
-    return f"{' '.join(map(str, command))}: {str(getattr(exc, 'stderr', '')).strip()}"
-
-
-def _report_applied(
-    args: argparse.Namespace,
-    result: apply.Report,
-    patches: list[series.Patch],
-    the_lock: lock.Lock,
-    store: Store,
-    upstream: upstream_trees.Upstream,
-    target: Path,
-) -> int:
-    """After the apply: target drift (on another upstream), the table, the JSON report; the exit code."""
-    from vllm_overlay import apply, report, upstream_trees
-
-    try:
-        if upstream.kind != "locked":
-            base = base_upstream(args.base_upstream, the_lock, store, upstream)
-            note_target_drift(result, patches, store, base, upstream)
-        output.result(report.apply_table(result))
-        if args.json:
-            report.write_json(result.to_json(), args.json)
-    except upstream_trees.SourceError as exc:
-        raise upstream_trees.SourceError(f"{exc} (the patched tree was written: {target})") from exc
-    except KeyboardInterrupt:
-        raise apply.Interrupted(target, result.published) from None
-    return 0 if result.ok else 1
-
-
-def base_upstream(
-    spec: str | None, the_lock: lock.Lock, store: Store, upstream: upstream_trees.Upstream
-) -> upstream_trees.Upstream:
-    """The upstream the series was written for (obtained only when needed: it may download)."""
-    from vllm_overlay import upstream_trees
-
-    if spec is None and upstream.kind == "locked":
-        return upstream
-    return upstream_trees.obtain(spec, the_lock, store)
-
-
-def note_target_drift(
-    result: apply.Report,
-    patches: list[series.Patch],
-    store: Store,
-    locked: upstream_trees.Upstream,
-    upstream: upstream_trees.Upstream,
-) -> None:
-    """Warn, for each patch that applied, about Targets whose AST differs from the locked upstream."""
-    from vllm_overlay import apply
-    from vllm_overlay.audit import session
-    from vllm_overlay.audit.decisions import DRIFTING
-
-    drift = session.drift_by_patch(store, locked, upstream, patches)
-    for patch_result in result.results:
-        changed = [d for d in drift.get(patch_result.name, []) if d.drift in DRIFTING]
-        if patch_result.accepted or patch_result.status in (apply.Status.OFFSET, apply.Status.FUZZ):
-            for item in changed:
-                patch_result.warnings.append(f"applied {patch_result.status}, target changed: {item}")
+    return session.run(project.from_args(args), request)

@@ -28,7 +28,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vllm_overlay import atomicfile, indexes, output, project
+from vllm_overlay import atomicfile, output, project
+from vllm_overlay.upstream import indexes
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,10 +49,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vllm_overlay import lock, report, series, upstream_trees
+    from vllm_overlay import report, series
     from vllm_overlay.audit import session
     from vllm_overlay.audit.decisions import Decision, markdown
     from vllm_overlay.store import Store
+    from vllm_overlay.upstream import lock
+    from vllm_overlay.upstream import trees as upstream_trees
 
     proj = project.from_args(args)
     the_lock = lock.load(proj.lock_file)

@@ -28,8 +28,9 @@ import argparse
 import shutil
 from pathlib import Path
 
-from vllm_overlay import indexes, output, project
+from vllm_overlay import output, project
 from vllm_overlay.errors import InputError, Interrupted, WorkFailure
+from vllm_overlay.upstream import indexes
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -68,8 +69,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, proj: project.Project, repo_dir: Path) -> int:
-    from vllm_overlay import bump, lock, series, upstream_trees
+    from vllm_overlay import bump, series
     from vllm_overlay.store import Store
+    from vllm_overlay.upstream import lock
+    from vllm_overlay.upstream import trees as upstream_trees
 
     store = Store()
     if sum([bool(args.version), args.resume, args.abort]) != 1:

@@ -41,8 +41,10 @@ def _size(size: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vllm_overlay import cache, lock, testenv
+    from vllm_overlay import cache
+    from vllm_overlay.env import testenv
     from vllm_overlay.store import Store
+    from vllm_overlay.upstream import lock
 
     proj = project.from_args(args)
     the_lock = lock.load(proj.lock_file)

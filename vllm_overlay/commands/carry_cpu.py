@@ -30,7 +30,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vllm_overlay import bump, carry, recarry  # when run, not for --help
+    from vllm_overlay import bump  # when run, not for --help
+    from vllm_overlay.cpu import (
+        carry,  # when run, not for --help
+        recarry,  # when run, not for --help
+    )
     from vllm_overlay.store import Store
 
     root = project.from_args(args).root

@@ -52,7 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vllm_overlay import interrupts, staging
+    from vllm_overlay import interrupts
+    from vllm_overlay.apply import staging
 
     proj = project.from_args(args)
     repo_dir = (args.repo or proj.patched_tree).resolve()
@@ -75,7 +76,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace, proj: project.Project, repo_dir: Path, written: list[bool]) -> int:
-    from vllm_overlay import export, faults, interrupts, lock, staging
+    from vllm_overlay import faults, interrupts
+    from vllm_overlay.apply import export, staging
+    from vllm_overlay.upstream import lock
 
     if not args.allow_other_upstream:
         export.check_locked_upstream(repo_dir, lock.load(proj.lock_file).version)
@@ -110,8 +113,9 @@ def _export(args: argparse.Namespace, proj: project.Project, repo_dir: Path, wri
 
 def refresh_dockerfile(proj: project.Project) -> None:
     """Sync the Dockerfile's generated parts after patches/ changed; a warning (not a failure) if it cannot."""
-    from vllm_overlay import lock, series  # image (and its SBOM library) only when writing
+    from vllm_overlay import series  # image (and its SBOM library) only when writing
     from vllm_overlay.image import build, build_context
+    from vllm_overlay.upstream import lock  # image (and its SBOM library) only when writing
 
     try:
         lines = build.refresh_project_dockerfile(proj, lock.load(proj.lock_file), series.load_series(proj.patches))

@@ -85,7 +85,8 @@ def _write_readme_index(proj: project.Project) -> None:
 def _upstream_style(tree: Path) -> int:
     import git
 
-    from vllm_overlay import patched_repo, upstream_style
+    from vllm_overlay import upstream_style
+    from vllm_overlay.apply import patched_repo
 
     try:
         base = patched_repo.upstream_base(git.Repo(tree))

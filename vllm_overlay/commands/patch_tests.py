@@ -36,9 +36,10 @@ import argparse
 import os
 from pathlib import Path
 
-from vllm_overlay import indexes, output, project
+from vllm_overlay import output, project
+from vllm_overlay.upstream import indexes
 
-# The environment override (vllm_overlay.testenv.ENV_VAR: named here so --help need not import envs).
+# The environment override (vllm_overlay.env.testenv.ENV_VAR: named here so --help need not import envs).
 ENV_VAR = "VLLM_OVERLAY_ENV"
 
 

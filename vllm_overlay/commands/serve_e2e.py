@@ -155,7 +155,8 @@ def _engines(text: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vllm_overlay import carry, cpu_runtime
+    from vllm_overlay.cpu import carry
+    from vllm_overlay.cpu import runtime as cpu_runtime
     from vllm_overlay.e2e import suite
     from vllm_overlay.store import Store
 
@@ -209,17 +210,22 @@ def _serve(root: Path, args: argparse.Namespace) -> suite.Outcome:
 
 def range_diff(root: Path) -> str:
     """Both series applied strictly onto their own trees, then ``git range-diff`` between them."""
-    from vllm_overlay import apply, carry, lock, series, upstream_trees
+    from vllm_overlay import series
+    from vllm_overlay.apply import engine as apply
+    from vllm_overlay.apply import run as apply_run
+    from vllm_overlay.cpu import carry
     from vllm_overlay.store import Store
+    from vllm_overlay.upstream import lock
+    from vllm_overlay.upstream import trees as upstream_trees
 
     store = Store()
     main = project.Project(root)
     main_lock = lock.load(main.lock_file)
     upstream = upstream_trees.obtain(None, main_lock, store)
-    report = apply.apply_series(
+    report = apply_run.apply_series(
         series.load_series(main.patches, allow_empty=False),
         upstream,
-        lambda target, only: upstream_trees.checkout(store, upstream, target, only),
+        store,
         main.patched_tree,
         apply.Options(),
     )

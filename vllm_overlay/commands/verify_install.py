@@ -21,10 +21,13 @@ import json
 import time
 from pathlib import Path
 
-from vllm_overlay import atomicfile, cpu_runtime, lock, output, project, shadow, wheel_record
+from vllm_overlay import atomicfile, output, project
+from vllm_overlay.cpu import runtime as cpu_runtime
+from vllm_overlay.env import shadow, wheel_record
 from vllm_overlay.errors import InputError
 from vllm_overlay.image import verify
 from vllm_overlay.store import Store
+from vllm_overlay.upstream import lock
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

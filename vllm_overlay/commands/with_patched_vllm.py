@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vllm_overlay import shadow
+from vllm_overlay.env import shadow
 from vllm_overlay.errors import InputError
 
 if TYPE_CHECKING:
@@ -44,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def upstream_base(repo: git.Repo) -> str:
     """The tree's upstream base (``patched_repo.upstream_base``: the commit apply-patches recorded,
     else the newest ``upstream/*`` or ``upstream-*`` tag below HEAD), named by its upstream tag."""
-    from vllm_overlay import patched_repo
+    from vllm_overlay.apply import patched_repo
 
     try:
         return patched_repo.base_name(repo, patched_repo.upstream_base(repo))

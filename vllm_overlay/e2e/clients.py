@@ -583,9 +583,11 @@ def say(line: str = "") -> None:
 
 def run(root: Path, options: Options) -> Outcome:
     """Both servers up, the SDK cases on each, then the bench runs alternating; everything printed."""
-    from vllm_overlay import carry, cpu_runtime, lock
+    from vllm_overlay.cpu import carry
+    from vllm_overlay.cpu import runtime as cpu_runtime
     from vllm_overlay.e2e import layout, suite
     from vllm_overlay.store import Store
+    from vllm_overlay.upstream import lock
 
     proj = carry.CarryProject(root)
     out = (options.out or proj.build / "clients").resolve()

@@ -36,9 +36,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_overlay import cpu_runtime, output, record, testenv
-from vllm_overlay.cpu_runtime import RuntimeLock
+from vllm_overlay import output
+from vllm_overlay.cpu import runtime as cpu_runtime
+from vllm_overlay.cpu.runtime import RuntimeLock
 from vllm_overlay.e2e.server import Server, ServerSpec, command, server_env, stop_group
+from vllm_overlay.env import record, testenv
 from vllm_overlay.errors import InputError
 from vllm_overlay.image import build_context, dockerd, engine, standins
 from vllm_overlay.store import Store

@@ -22,7 +22,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from vllm_overlay import output, record, testenv
+from vllm_overlay import output
+from vllm_overlay.env import record, testenv
 from vllm_overlay.errors import InputError
 from vllm_overlay.image import build_context
 

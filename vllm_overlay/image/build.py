@@ -15,13 +15,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vllm_overlay import lock, output, series
+from vllm_overlay import output, series
 from vllm_overlay.image import build_context, dockerfile, engine
 from vllm_overlay.image.build_context import BuildContext
 from vllm_overlay.image.engine import Options as EngineOptions
-from vllm_overlay.lock import Lock
 from vllm_overlay.project import Project
 from vllm_overlay.series import Patch
+from vllm_overlay.upstream import lock
+from vllm_overlay.upstream.lock import Lock
 
 STEPS = 6  # staging, staged, engine, building, verifying, done
 

@@ -4,9 +4,9 @@ The patched repository (build/patched, written by apply-patches) holds the upstr
 commit per patch. For each series, in series order, one layer directory holds only the files that
 series changes, as they stand after its last patch, at the path they have in site-packages
 (``vllm/...``). The overlay/ files go beside the package, with the manifest of applied patches,
-a copy of :mod:`vllm_overlay.record` (the in-image verify uses it: one source of truth) and the
+a copy of :mod:`vllm_overlay.env.record` (the in-image verify uses it: one source of truth) and the
 locked wheel's RECORD (``wheel.RECORD``, read from the wheel checked against the lock's sha256:
-vllm_overlay.wheel_record), which the in-image verify holds the installed files to. The manifest
+vllm_overlay.env.wheel_record), which the in-image verify holds the installed files to. The manifest
 states that RECORD's sha256 and every file of the status package (``status_files``), so both are
 anchored by the manifest's sha256, which the image's label states. The staged
 Dockerfile is the project's Dockerfile with its first stage (which runs this tool, for ``docker build .``)
@@ -32,16 +32,18 @@ from pathlib import Path, PurePosixPath
 
 import git
 
-from vllm_overlay import export, patched_repo, record, staging, upstream_trees, wheel_record
+from vllm_overlay.apply import export, patched_repo, staging
+from vllm_overlay.apply.patched_repo import PATCH_FILE_TRAILER
+from vllm_overlay.env import record, wheel_record
 from vllm_overlay.image import dockerfile, labels, sbom
 from vllm_overlay.image.errors import ImageError
 from vllm_overlay.image.labels import sha256_bytes
 from vllm_overlay.image.model import BuildContext, SeriesLayer, ShippedFile
-from vllm_overlay.lock import Lock
-from vllm_overlay.patched_repo import PATCH_FILE_TRAILER
 from vllm_overlay.project import Project
 from vllm_overlay.series import Patch, series_names
 from vllm_overlay.store import Store
+from vllm_overlay.upstream import trees as upstream_trees
+from vllm_overlay.upstream.lock import Lock
 
 STATUS_PACKAGE = "vllm_overlay_status"
 MANIFEST_NAME = "manifest.json"

@@ -53,7 +53,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_overlay import errors, indexes, lock, output, project, series, testenv
+from vllm_overlay import errors, output, project, series
+from vllm_overlay.env import testenv
 from vllm_overlay.errors import InputError
 from vllm_overlay.image import build, build_context, dockerd, engine, sbom
 from vllm_overlay.image.standins import (
@@ -74,6 +75,7 @@ from vllm_overlay.image.standins import (
     sh,
 )
 from vllm_overlay.store import Store
+from vllm_overlay.upstream import indexes, lock
 
 TAG = "localhost/vllm-overlay-ci:latest"
 OVERLAY_ENTRYPOINT = "/usr/local/bin/vllm-overlay-entrypoint"  # the Dockerfile's ENTRYPOINT (preflight.ENTRYPOINT)

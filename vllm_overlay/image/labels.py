@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from vllm_overlay.lock import Lock
 from vllm_overlay.series import Patch
+from vllm_overlay.upstream.lock import Lock
 
 if TYPE_CHECKING:
     from vllm_overlay.image.model import SeriesLayer

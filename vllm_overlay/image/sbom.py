@@ -36,8 +36,8 @@ from cyclonedx.output.json import JsonV1Dot6
 from cyclonedx.schema import SchemaVersion
 from packageurl import PackageURL
 
-from vllm_overlay.lock import Lock
 from vllm_overlay.series import Patch
+from vllm_overlay.upstream.lock import Lock
 
 FILENAME = "sbom.cdx.json"
 SERIES_PROPERTY = "vllm-overlay:series"

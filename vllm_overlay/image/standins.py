@@ -27,10 +27,13 @@ from pathlib import Path
 
 import git
 
-from vllm_overlay import indexes, lock, output, record, shadow, upstream_trees, wheel_record
+from vllm_overlay import output
 from vllm_overlay.audit.targets import commit_reader
+from vllm_overlay.env import record, shadow, wheel_record
 from vllm_overlay.image import engine
 from vllm_overlay.store import Store
+from vllm_overlay.upstream import indexes, lock
+from vllm_overlay.upstream import trees as upstream_trees
 
 STANDIN = "localhost/vllm-openai-standin:v{version}-py"  # -py: carries the .py files only (see carry_files)
 CARRIED_SUFFIXES = (".py",)

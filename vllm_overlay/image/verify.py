@@ -2,9 +2,9 @@
 
 The checks live in overlay/vllm_overlay_status/checks.py (they ship in the image); this module
 imports that package from the project's overlay/ directory, where its RECORD checks fall back to
-:mod:`vllm_overlay.record` (the image carries a staged copy of it). One source for both sides.
+:mod:`vllm_overlay.env.record` (the image carries a staged copy of it). One source for both sides.
 Tool-side, the expectation is the locked wheel's RECORD read by the tool itself
-(:mod:`vllm_overlay.wheel_record`), not the copy the checked site-packages carries.
+(:mod:`vllm_overlay.env.wheel_record`), not the copy the checked site-packages carries.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from vllm_overlay.lock import Lock
+from vllm_overlay.upstream.lock import Lock
 
 STATUS_PACKAGE = "vllm_overlay_status"
 

@@ -20,7 +20,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vllm_overlay import junit, shadow
+from vllm_overlay import junit
+from vllm_overlay.env import shadow
 from vllm_overlay.junit import Case
 from vllm_overlay.testrun.verdicts import Result, counts
 

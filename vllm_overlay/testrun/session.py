@@ -25,11 +25,11 @@ from vllm_overlay.testrun.trees import Trees
 from vllm_overlay.testrun.verdict_store import VerdictStore, scope_name
 
 if TYPE_CHECKING:  # the session's modules are imported when it runs: ``import testrun`` stays light
-    from vllm_overlay.apply import Report
-    from vllm_overlay.lock import Lock
+    from vllm_overlay.apply.engine import Report
     from vllm_overlay.project import Project
     from vllm_overlay.series import Patch
-    from vllm_overlay.upstream_trees import Upstream
+    from vllm_overlay.upstream.lock import Lock
+    from vllm_overlay.upstream.trees import Upstream
 
 
 def run_series(
@@ -127,7 +127,7 @@ def run_patch_tests(proj: Project, options: PatchTestOptions) -> PatchTestResult
     Input errors (the lock, the series, the upstream, the options, the environment) raise
     ``errors.InputError`` and Ctrl-C ``errors.Interrupted``, as every verb's do: cli.main says them.
     """
-    from vllm_overlay import staging
+    from vllm_overlay.apply import staging
 
     jobs = default_jobs() if options.jobs is None else options.jobs
     if jobs < 1 or options.timeout < 1 or options.run_timeout < 1:
@@ -156,7 +156,10 @@ def run_patch_tests(proj: Project, options: PatchTestOptions) -> PatchTestResult
 def _session(
     proj: Project, options: PatchTestOptions, config: Config, workdir: Path, started: float
 ) -> PatchTestResult:
-    from vllm_overlay import lock, series, shadow, testenv, upstream_trees
+    from vllm_overlay import series
+    from vllm_overlay.env import shadow, testenv
+    from vllm_overlay.upstream import lock
+    from vllm_overlay.upstream import trees as upstream_trees
 
     store = Store()
     # Each series' hypothesis example database, kept in the cache: a failing example replays first.
@@ -229,13 +232,15 @@ def _selection_problems(proj: Project, selected: list[Patch]) -> list[str]:
 
 def _apply_prefix(prefix: list[Patch], upstream: Upstream, the_lock: Lock, store: Store, patched: Path) -> Report:
     """Apply the prefix the selected patches need (strictly) into ``patched``."""
-    from vllm_overlay import apply, apply_record, upstream_trees
+    from vllm_overlay.apply import engine as apply
+    from vllm_overlay.apply import record as apply_record
+    from vllm_overlay.apply import run as apply_run
 
     output.info(f"applying {len(prefix)} patch(es) onto upstream {upstream.label} -> {patched}")
-    return apply.apply_series(
+    return apply_run.apply_series(
         prefix,
         upstream,
-        lambda dest, only: upstream_trees.checkout(store, upstream, dest, only),
+        store,
         patched,
         apply.Options(),
         # Unchanged since the last run: answered from the tree's record, nothing rebuilt.

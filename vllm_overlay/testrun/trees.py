@@ -15,7 +15,9 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_overlay import patched_repo, safetar, shadow
+from vllm_overlay.apply import patched_repo
+from vllm_overlay.env import shadow
+from vllm_overlay.upstream import safetar
 
 
 def extract(repo: Path, commit: str, paths: list[str], dest: Path) -> dict[str, Path]:

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.tool.helpers import FORWARDED, PatchMaker, change_line_20
+from tests.tool.helpers.repos import FORWARDED, PatchMaker, change_line_20
 from vllm_overlay import series
-from vllm_overlay.apply import PatchResult, Status
+from vllm_overlay.apply.classify import HunkNote
+from vllm_overlay.apply.engine import PatchResult, Status
 from vllm_overlay.audit import decisions, review
 from vllm_overlay.audit.decisions import Decision, Findings
 from vllm_overlay.audit.dependencies import DependencyDrift, DependencyTarget
 from vllm_overlay.audit.targets import Drift, TargetDrift
-from vllm_overlay.classify import HunkNote
 
 DATES = {
     "0.31.0": dt.date(2026, 9, 1),

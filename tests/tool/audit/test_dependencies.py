@@ -7,11 +7,13 @@ import zipfile
 
 import pytest
 
-from tests.tool.helpers import change_line_20
-from vllm_overlay import apply, lint, upstream_trees
+from tests.tool.helpers.repos import change_line_20
+from vllm_overlay import lint
+from vllm_overlay.apply import engine as apply
 from vllm_overlay.audit import decisions, dependencies, targets
 from vllm_overlay.series import load_series
 from vllm_overlay.store import Store
+from vllm_overlay.upstream import trees as upstream_trees
 
 WRAPPER_OLD = "class Wrapper:\n    def __init__(self, n, shared=None):\n        self._buf = shared\n"
 WRAPPER_NEW = "class Wrapper:\n    def __init__(self, n):\n        self._buf = None\n"

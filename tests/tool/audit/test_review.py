@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tests.tool.helpers import replace_line, retarget, write_upstream
+from tests.tool.helpers.repos import replace_line, retarget, write_upstream
 from vllm_overlay import cli
 from vllm_overlay.audit import review, session
 

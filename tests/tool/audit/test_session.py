@@ -8,10 +8,12 @@ import json
 import git
 import pytest
 
-from tests.tool.helpers import FORWARDED, REPO_ROOT, change_line_20, replace_line, retarget, write_upstream
-from vllm_overlay import bump, cli, lock, series, upstream_trees
+from tests.tool.helpers.repos import FORWARDED, REPO_ROOT, change_line_20, replace_line, retarget, write_upstream
+from vllm_overlay import bump, cli, series
 from vllm_overlay.audit import targets
 from vllm_overlay.store import Store
+from vllm_overlay.upstream import lock
+from vllm_overlay.upstream import trees as upstream_trees
 
 MODULE_V1 = "class Engine:\n    def step(self, x):\n        return x + 1\n\n    def other(self):\n        return 0\n"
 

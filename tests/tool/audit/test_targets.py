@@ -7,7 +7,7 @@ from pathlib import Path
 
 import git as gitpython
 
-from tests.tool.helpers import git
+from tests.tool.helpers.repos import git
 from vllm_overlay.audit import targets
 from vllm_overlay.audit.targets import Drift, TargetDrift
 

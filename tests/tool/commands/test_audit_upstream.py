@@ -14,10 +14,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.tool.helpers import change_line_20, verb_help
-from vllm_overlay import cli, indexes, lock, series, upstream_trees
+from tests.tool.helpers.cli import verb_help
+from tests.tool.helpers.repos import change_line_20
+from vllm_overlay import cli, series
 from vllm_overlay.audit import session
 from vllm_overlay.audit.decisions import AuditRow, Decision, markdown
+from vllm_overlay.upstream import indexes, lock
+from vllm_overlay.upstream import trees as upstream_trees
 
 OPTIONS = (
     "--project",

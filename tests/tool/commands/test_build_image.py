@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.tool.helpers import verb_help
+from tests.tool.helpers.cli import verb_help
 from vllm_overlay import cli
 from vllm_overlay.image import build, engine
 from vllm_overlay.project import Project

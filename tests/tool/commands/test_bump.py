@@ -14,9 +14,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.tool.helpers import verb_help
-from vllm_overlay import bump, cli, interrupts, lock, upstream_trees
+from tests.tool.helpers.cli import verb_help
+from vllm_overlay import bump, cli, interrupts
 from vllm_overlay.commands import bump as bump_command
+from vllm_overlay.upstream import lock
+from vllm_overlay.upstream import trees as upstream_trees
 
 OPTIONS = ("--project", "--index-url", "--continue", "--abort", "--repo", "--no-test", "--allow-downgrade")
 UPSTREAM = {

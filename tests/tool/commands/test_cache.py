@@ -3,7 +3,7 @@
 The listing and pruning calls (vllm_overlay.cache.entries / prune) are cheap on an isolated cache
 and run for real where the output is asserted from them; testenv.ensure (--env-python) builds a
 ~10 GB environment when missing, so that one call is stood in for, at the attribute the command
-looks it up by (``from vllm_overlay import testenv`` inside run).
+looks it up by (``from vllm_overlay.env import testenv`` inside run).
 """
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.tool.helpers import verb_help
-from vllm_overlay import cache, cli, lock, testenv
+from tests.tool.helpers.cli import verb_help
+from vllm_overlay import cache, cli
+from vllm_overlay.env import testenv
+from vllm_overlay.upstream import lock
 
 OPTIONS = ("--project", "--prune", "--dry-run", "--env-python")
 GB = 1000**3

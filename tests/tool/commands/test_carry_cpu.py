@@ -12,8 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.tool.helpers import verb_help
-from vllm_overlay import bump, carry, cli, recarry
+from tests.tool.helpers.cli import verb_help
+from vllm_overlay import bump, cli
+from vllm_overlay.cpu import carry, recarry
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.tool.helpers import verb_help
+from tests.tool.helpers.cli import verb_help
 from vllm_overlay import cli, readme_ci
 from vllm_overlay.project import Project
 

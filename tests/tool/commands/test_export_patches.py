@@ -13,8 +13,11 @@ import contextlib
 
 import pytest
 
-from tests.tool.helpers import change_line_20, run_apply, snapshot, verb_help
-from vllm_overlay import cli, staging
+from tests.tool.helpers.apply_runs import run_apply
+from tests.tool.helpers.cli import verb_help
+from tests.tool.helpers.repos import change_line_20, snapshot
+from vllm_overlay import cli
+from vllm_overlay.apply import staging
 
 PATCH = "demo/core-change-line-20.patch"
 

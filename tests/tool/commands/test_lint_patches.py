@@ -12,7 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.tool.helpers import change_line_20, verb_help
+from tests.tool.helpers.cli import verb_help
+from tests.tool.helpers.repos import change_line_20
 from vllm_overlay import cli, lint
 from vllm_overlay.commands import lint_patches
 

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.tool.helpers import verb_help
-from vllm_overlay import cli, indexes, testrun
+from tests.tool.helpers.cli import verb_help
+from vllm_overlay import cli, testrun
 from vllm_overlay.project import Project
+from vllm_overlay.upstream import indexes
 
 OPTIONS = (
     "--project",

@@ -17,9 +17,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.tool.helpers import verb_help
-from vllm_overlay import carry, cli, cpu_runtime
+from tests.tool.helpers.cli import verb_help
+from vllm_overlay import cli
 from vllm_overlay.commands import serve_e2e
+from vllm_overlay.cpu import carry
+from vllm_overlay.cpu import runtime as cpu_runtime
 from vllm_overlay.e2e import suite
 
 OPTIONS = (

@@ -13,9 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.tool.helpers import REPO_ROOT, make_site, seed_wheel_record, site_record, verb_help
-from vllm_overlay import cli, lock, record, shadow, wheel_record
+from tests.tool.helpers.cli import verb_help
+from tests.tool.helpers.installs import make_site, seed_wheel_record, site_record
+from tests.tool.helpers.repos import REPO_ROOT
+from vllm_overlay import cli
+from vllm_overlay.env import record, shadow, wheel_record
 from vllm_overlay.image import verify
+from vllm_overlay.upstream import lock
 
 OPTIONS = ("--project", "--site-packages", "--python", "--manifest", "--json", "--arch")
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import git
 import pytest
 
-from tests.tool.helpers import IDENTITY, change_line_20, run_apply
+from tests.tool.helpers.apply_runs import run_apply
+from tests.tool.helpers.repos import IDENTITY, change_line_20
 from vllm_overlay import cli
 from vllm_overlay.commands.with_patched_vllm import changed_package_files, upstream_base
 

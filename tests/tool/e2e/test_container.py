@@ -8,7 +8,7 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-from tests.tool.helpers import REPO_ROOT
+from tests.tool.helpers.repos import REPO_ROOT
 from vllm_overlay.e2e import container
 from vllm_overlay.image import engine
 

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.tool.helpers import bare_build_context, fake_wheel_record, make_site
-from vllm_overlay import record, testenv
+from tests.tool.helpers.images import bare_build_context
+from tests.tool.helpers.installs import fake_wheel_record, make_site
 from vllm_overlay.e2e import layout
+from vllm_overlay.env import record, testenv
 from vllm_overlay.errors import InputError
 from vllm_overlay.image import build_context
 

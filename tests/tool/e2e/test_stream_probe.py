@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.tool.helpers import REPO_ROOT
+from tests.tool.helpers.repos import REPO_ROOT
 
 PROBE = "vllm_overlay.e2e.stream_probe"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 def _verdict_project(tmp_path: Path) -> tuple[Path, Path]:
     import shutil
 
-    from tests.tool.helpers import REPO_ROOT
+    from tests.tool.helpers.repos import REPO_ROOT
 
     root = tmp_path / "project"
     for folder in ("cpu", "overlay", "vllm_overlay"):
@@ -28,8 +28,8 @@ def test_verdict_key_covers_what_decides_the_run(tmp_path, monkeypatch):
     files = made_of["files"]
     # What serve-e2e runs, found from its imports; and the runtime-side modules of the e2e package.
     needed = ["vllm_overlay/e2e/suite.py", "vllm_overlay/e2e/scenarios.py", "vllm_overlay/e2e/model.py"]
-    needed += ["vllm_overlay/e2e/tp_probe.py", "vllm_overlay/carry.py", "vllm_overlay/image/build_context.py"]
-    needed += ["vllm_overlay/record.py", "cpu/runtime.lock", "cpu/upstream.lock", "cpu/patches/series"]
+    needed += ["vllm_overlay/e2e/tp_probe.py", "vllm_overlay/cpu/carry.py", "vllm_overlay/image/build_context.py"]
+    needed += ["vllm_overlay/env/record.py", "cpu/runtime.lock", "cpu/upstream.lock", "cpu/patches/series"]
     needed += ["Dockerfile", "vllm_overlay/e2e/container.py", "vllm_overlay/image/standins.py"]
     for name in needed:
         assert name in files, name

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.tool.helpers import LOCKED, REPO_ROOT, write_upstream
+from tests.tool.helpers.installs import LOCKED
+from tests.tool.helpers.repos import REPO_ROOT, write_upstream
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tests.tool.helpers import apply_no_patches
+from tests.tool.helpers.apply_runs import apply_no_patches
 from vllm_overlay import cli
 
 

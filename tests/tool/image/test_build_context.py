@@ -8,17 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.tool.helpers import (
-    REPO_ROOT,
-    apply_no_patches,
-    do_stage,
-    replace_line,
-    run_apply,
-    tree_files,
-    two_series,
-    users_files,
-    write_upstream,
-)
+from tests.tool.helpers.apply_runs import apply_no_patches, run_apply
+from tests.tool.helpers.images import do_stage
+from tests.tool.helpers.repos import REPO_ROOT, replace_line, tree_files, two_series, users_files, write_upstream
 from vllm_overlay.image import build_context
 
 
@@ -59,7 +51,7 @@ def test_one_layer_per_series_with_only_its_files(image_project, make_patch, ups
     }
     assert manifest["unshipped"] == [{"path": "docs.md", "patches": ["alpha/a2.patch"]}]
     assert (context.root / "overlay/vllm_overlay_status/_record.py").read_bytes() == (
-        REPO_ROOT / "vllm_overlay/record.py"
+        REPO_ROOT / "vllm_overlay/env/record.py"
     ).read_bytes()
     record = (context.root / "overlay/vllm_overlay_status-0.1.0.dist-info/RECORD").read_text()
     assert "vllm_overlay_status/manifest.json,sha256=" in record

@@ -7,11 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.tool.helpers import REPO_ROOT, run_apply, two_series
-from vllm_overlay import lock, series
+from tests.tool.helpers.apply_runs import run_apply
+from tests.tool.helpers.repos import REPO_ROOT, two_series
+from vllm_overlay import series
 from vllm_overlay.image import build_context
 from vllm_overlay.project import Project
 from vllm_overlay.store import Store
+from vllm_overlay.upstream import lock
 
 
 def _imported_modules(path: Path) -> set[str]:
@@ -60,8 +62,8 @@ class FakeEngine:
 
 def test_root_build_reads_the_index_and_ca_bundle_pip_is_configured_with(tmp_path, monkeypatch):
     """ci-image --root-build: the first stage gets the machine's http(s) indexes and trusts its CA bundle."""
-    from vllm_overlay import indexes
     from vllm_overlay.image import ci_checks, standins
+    from vllm_overlay.upstream import indexes
 
     monkeypatch.delenv(indexes.ENV_VAR, raising=False)
     monkeypatch.setenv("PIP_INDEX_URL", "https://index.example.invalid/simple")

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.tool.helpers import do_stage, replace_line, run_apply, two_series
+from tests.tool.helpers.apply_runs import run_apply
+from tests.tool.helpers.images import do_stage
+from tests.tool.helpers.repos import replace_line, two_series
 from vllm_overlay import cli, series
 from vllm_overlay.image import build_context, dockerfile
 from vllm_overlay.project import Project
@@ -70,7 +72,7 @@ def test_export_brings_the_dockerfile_in_line(image_project, make_patch, upstrea
     """An edited patch changes the series sha256, manifest and SBOM: export-patches rewrites the defaults."""
     import git
 
-    from tests.tool.helpers import IDENTITY
+    from tests.tool.helpers.repos import IDENTITY
 
     two_series(make_patch, upstream_dir)
     assert run_apply(image_project, upstream_dir)[0] == 0

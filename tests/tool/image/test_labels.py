@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from tests.tool.helpers import do_stage, run_apply, two_series
+from tests.tool.helpers.apply_runs import run_apply
+from tests.tool.helpers.images import do_stage
+from tests.tool.helpers.repos import two_series
 
 
 def test_dockerfile_block_args_and_labels(image_project, make_patch, upstream_dir, store_env):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.tool.helpers import bare_build_context
+from tests.tool.helpers.images import bare_build_context
 from vllm_overlay.image.model import SeriesLayer, ShippedFile
 
 

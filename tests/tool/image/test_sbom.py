@@ -5,9 +5,10 @@ from __future__ import annotations
 import datetime as dt
 import json
 
-from tests.tool.helpers import REPO_ROOT
-from vllm_overlay import lock, series
+from tests.tool.helpers.repos import REPO_ROOT
+from vllm_overlay import series
 from vllm_overlay.image import sbom
+from vllm_overlay.upstream import lock
 
 CREATED = dt.datetime(2026, 11, 29, tzinfo=dt.UTC)
 

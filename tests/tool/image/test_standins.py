@@ -32,7 +32,7 @@ def test_stand_in_mirror_comes_from_the_machines_apt_sources(tmp_path: Path) -> 
 
 
 def test_stand_in_carries_the_py_files_with_a_record_of_exactly_them(tmp_path: Path) -> None:
-    from vllm_overlay import record
+    from vllm_overlay.env import record
     from vllm_overlay.image import standins
 
     site = tmp_path / "site"

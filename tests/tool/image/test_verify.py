@@ -11,10 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.tool.helpers import REPO_ROOT, make_site, seed_wheel_record, sha, site_record
-from vllm_overlay import cli, lock, record
+from tests.tool.helpers.installs import make_site, seed_wheel_record, sha, site_record
+from tests.tool.helpers.repos import REPO_ROOT
+from vllm_overlay import cli
+from vllm_overlay.env import record
+from vllm_overlay.env.wheel_record import WheelRecord
 from vllm_overlay.image import build_context, verify
-from vllm_overlay.wheel_record import WheelRecord
+from vllm_overlay.upstream import lock
 
 OVERLAY = REPO_ROOT / "overlay"
 
@@ -106,7 +109,7 @@ def install_status_package(
         OVERLAY / "vllm_overlay_status", site / "vllm_overlay_status", ignore=shutil.ignore_patterns("__pycache__")
     )
     shutil.copytree(OVERLAY / "vllm_overlay_status-0.1.0.dist-info", site / "vllm_overlay_status-0.1.0.dist-info")
-    shutil.copy(REPO_ROOT / "vllm_overlay/record.py", site / "vllm_overlay_status/_record.py")
+    shutil.copy(REPO_ROOT / "vllm_overlay/env/record.py", site / "vllm_overlay_status/_record.py")
     for name, data in (extra or {}).items():
         (site / "vllm_overlay_status" / name).write_bytes(data)
     build_context.seal_status_package(site, manifest, WheelRecord("vllm-0.33.0-fake.whl", "0" * 64, wheel))

@@ -7,8 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.tool.helpers import UPSTREAM_TEST, PatchMaker, fake_env, seed_wheel_record, write_upstream
-from vllm_overlay import lock, testenv
+from tests.tool.helpers.installs import seed_wheel_record
+from tests.tool.helpers.patch_tests import UPSTREAM_TEST, fake_env
+from tests.tool.helpers.repos import PatchMaker, write_upstream
+from vllm_overlay.env import testenv
+from vllm_overlay.upstream import lock
 
 
 @pytest.fixture

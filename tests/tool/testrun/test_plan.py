@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.tool.helpers import PatchMaker, change_line_20, git, make_installed, replace_line, write_upstream
+from tests.tool.helpers.installs import make_installed
+from tests.tool.helpers.repos import PatchMaker, change_line_20, git, replace_line, write_upstream
 from vllm_overlay import series
 from vllm_overlay.junit import Case
 from vllm_overlay.store import Store

@@ -5,14 +5,10 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from tests.tool.helpers import (
-    RED_GREEN_TEST,
-    add_patch,
-    fix_line_one,
-    replace_line,
-    run_cli,
-)
-from vllm_overlay import cli, record
+from tests.tool.helpers.patch_tests import RED_GREEN_TEST, add_patch, fix_line_one, run_cli
+from tests.tool.helpers.repos import replace_line
+from vllm_overlay import cli
+from vllm_overlay.env import record
 
 
 def test_whole_run_proves_red_green_and_upstream(fake_project: dict, tmp_path: Path, capsys) -> None:

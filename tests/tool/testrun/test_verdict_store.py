@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.tool.helpers import RED_GREEN_TEST, add_line_41, add_patch, fix_line_one, run_cli
+from tests.tool.helpers.patch_tests import RED_GREEN_TEST, add_line_41, add_patch, fix_line_one, run_cli
 from vllm_overlay import testrun
 from vllm_overlay.store import Store
 from vllm_overlay.testrun.execute import Config
@@ -166,9 +166,10 @@ def test_verdict_store_reruns_only_what_changed(fake_project: dict, tmp_path: Pa
 
 
 def test_prune_removes_other_verdict_scopes(project, store_env) -> None:
-    from vllm_overlay import cache, lock
+    from vllm_overlay import cache
     from vllm_overlay.store import Store
     from vllm_overlay.testrun import verdict_store
+    from vllm_overlay.upstream import lock
 
     the_lock = lock.load(project / "upstream.lock")
     store = Store()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.tool.helpers import cases
+from tests.tool.helpers.patch_tests import cases
 from vllm_overlay import testrun
 from vllm_overlay.junit import Case
 from vllm_overlay.testrun import verdicts

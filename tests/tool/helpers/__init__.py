@@ -1,0 +1,1 @@
+"""Shared helpers of the tool tests, one module per fixture family; nothing here imports vLLM."""
