@@ -114,7 +114,7 @@ ARG OVERLAY_UPSTREAM_VERSION="0.33.0"
 ARG OVERLAY_UPSTREAM_COMMIT="g4ba787ec9"
 ARG OVERLAY_SERIES_SHA256="57b078a6309487db2ef1b4068ed1ef4d075d8a6865adb0fa21135067a50633e6"
 ARG OVERLAY_SERIES="loader-layouts,route-sanitization,workspace-reuse,moe-backend-fallback,byte-accounting,queue-event-ownership"
-ARG OVERLAY_MANIFEST_SHA256="50f7f3048ee3c87817e94c3662624b37ae941ee5f21ce602dae9c09875906c24"
+ARG OVERLAY_MANIFEST_SHA256="0dc1ae6950f657ccd8f3056a99f0227293067a9278999a67ac5992525d3f5cf1"
 ARG OVERLAY_SBOM_SHA256="358bc4308fafc270ab52f222e2ffa48023f0ec73cd956c4db916fb305f01ed10"
 # <<< provenance defaults <<<
 # Last step: the image is what the manifest says and the labels say what the image carries, or the
