@@ -71,16 +71,7 @@ def check_in_place(tree: Path, base: str) -> StyleReport:
     project's ``tests`` package is ordered differently in a copy that lacks it). A branch about to
     be sent upstream (scripts/forward) is checked where it will be checked.
     """
-    try:
-        import ruff  # noqa: F401  (only to say clearly that it is missing)
-    except ImportError:
-        raise UpstreamStyleError("ruff is not installed: python3 -m pip install -e '.[test]'") from None
-    try:
-        repo = git.Repo(tree)
-    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
-        raise UpstreamStyleError(f"{tree} is not a git repository") from None
-    if _blob(repo, base, CONFIG_FILE) is None:
-        raise UpstreamStyleError(f"the upstream tree at {base} has no {CONFIG_FILE}: no ruff configuration to check")
+    repo, _config = _repository(tree, base)
     files = changed_python_files(repo, base)
     with tempfile.TemporaryDirectory(prefix="upstream-style-") as scratch:
         pristine_root = Path(scratch, "pristine")
@@ -92,6 +83,33 @@ def check_in_place(tree: Path, base: str) -> StyleReport:
             unformatted_after = _unformatted(tree, files)
         finally:
             repo.git.worktree("remove", "--force", str(pristine_root))
+    return _report(files, before, after, unformatted_before, unformatted_after)
+
+
+def _repository(tree: Path, base: str, hint: str = "") -> tuple[git.Repo, bytes]:
+    """The repository at ``tree`` and upstream's ruff configuration at ``base``; refused when ruff,
+    the repository or the configuration is missing."""
+    try:
+        import ruff  # noqa: F401  (only to say clearly that it is missing)
+    except ImportError:
+        raise UpstreamStyleError("ruff is not installed: python3 -m pip install -e '.[test]'") from None
+    try:
+        repo = git.Repo(tree)
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+        raise UpstreamStyleError(f"{tree} is not a git repository {hint}".rstrip()) from None
+    config = _blob(repo, base, CONFIG_FILE)
+    if config is None:
+        raise UpstreamStyleError(f"the upstream tree at {base} has no {CONFIG_FILE}: no ruff configuration to check")
+    return repo, config
+
+
+def _report(
+    files: list[str],
+    before: Counter[Finding],
+    after: Counter[Finding],
+    unformatted_before: set[str],
+    unformatted_after: set[str],
+) -> StyleReport:
     new = after - before
     return StyleReport(
         files=tuple(files),
@@ -172,17 +190,7 @@ def _unformatted(root: Path, files: list[str]) -> set[str]:
 
 def check(tree: Path, base: str) -> StyleReport:
     """Compare the files ``base..HEAD`` changes in the repository ``tree`` under ``base``'s ruff config."""
-    try:
-        import ruff  # noqa: F401  (only to say clearly that it is missing)
-    except ImportError:
-        raise UpstreamStyleError("ruff is not installed: python3 -m pip install -e '.[test]'") from None
-    try:
-        repo = git.Repo(tree)
-    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
-        raise UpstreamStyleError(f"{tree} is not a git repository (run scripts/apply-patches first)") from None
-    config = _blob(repo, base, CONFIG_FILE)
-    if config is None:
-        raise UpstreamStyleError(f"the upstream tree at {base} has no {CONFIG_FILE}: no ruff configuration to check")
+    repo, config = _repository(tree, base, "(run scripts/apply-patches first)")
     files = changed_python_files(repo, base)
     with tempfile.TemporaryDirectory(prefix="upstream-style-") as scratch:
         pristine_root, patched_root = Path(scratch, "pristine"), Path(scratch, "patched")
@@ -193,11 +201,4 @@ def check(tree: Path, base: str) -> StyleReport:
         before, after = _findings(pristine_root, in_pristine), _findings(patched_root, in_patched)
         unformatted_before = _unformatted(pristine_root, in_pristine)
         unformatted_after = _unformatted(patched_root, in_patched)
-    new = after - before
-    return StyleReport(
-        files=tuple(files),
-        new_findings=tuple(sorted(new.elements(), key=str)),
-        newly_unformatted=tuple(sorted(unformatted_after - unformatted_before)),
-        pristine_findings=sum(before.values()),
-        patched_findings=sum(after.values()),
-    )
+    return _report(files, before, after, unformatted_before, unformatted_after)
