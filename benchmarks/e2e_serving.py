@@ -25,12 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from vllm_overlay.cpu import carry  # noqa: E402
-from vllm_overlay.cpu import runtime as cpu_runtime  # noqa: E402
-from vllm_overlay.e2e import layout, scenarios, suite  # noqa: E402
+from vllm_overlay.e2e import scenarios, suite  # noqa: E402
 from vllm_overlay.e2e.server import Server, ServerSpec, stream_completion  # noqa: E402
-from vllm_overlay.store import Store  # noqa: E402
-from vllm_overlay.upstream import lock  # noqa: E402
 
 
 def one_round(server: Server, clients: int, requests: int, max_tokens: int) -> tuple[float, list[float]]:
@@ -84,17 +80,10 @@ def main() -> int:
     parser.add_argument("--ready-timeout", type=float, default=900.0)
     args = parser.parse_args()
 
-    proj = carry.CarryProject(ROOT)
-    store = Store()
-    runtime_lock = cpu_runtime.load(proj.runtime_lock)
-    carry_lock = lock.load(proj.lock_file)
-    pristine = cpu_runtime.ensure(runtime_lock, store)
-    carry.build_tree(proj, carry_lock, store)
-    context = carry.stage(proj, carry_lock, runtime_lock, proj.patched_tree, proj.build / "image")
-    patched = layout.lay_out(pristine, runtime_lock.project, context, proj.build / "runtime")
-    out = proj.build / "bench"
+    runtimes = suite.runtime_pair(ROOT)
+    pristine, patched, model = runtimes.pristine, runtimes.patched, runtimes.model
+    out = runtimes.project.build / "bench"
     out.mkdir(parents=True, exist_ok=True)
-    model = suite.make_model(pristine.python, ROOT, proj.build / "e2e" / "model")
     servers = {
         label: Server(ServerSpec(python=env.python, model=model, label=label), out / f"server-{label}.log")
         for label, env in (("pristine", pristine), ("patched", patched))

@@ -583,23 +583,12 @@ def say(line: str = "") -> None:
 
 def run(root: Path, options: Options) -> Outcome:
     """Both servers up, the SDK cases on each, then the bench runs alternating; everything printed."""
-    from vllm_overlay.cpu import carry
-    from vllm_overlay.cpu import runtime as cpu_runtime
-    from vllm_overlay.e2e import layout, suite
-    from vllm_overlay.store import Store
-    from vllm_overlay.upstream import lock
+    from vllm_overlay.e2e import suite
 
-    proj = carry.CarryProject(root)
-    out = (options.out or proj.build / "clients").resolve()
+    runtimes = suite.runtime_pair(root)
+    pristine, patched, context, model = runtimes.pristine, runtimes.patched, runtimes.context, runtimes.model
+    out = (options.out or runtimes.project.build / "clients").resolve()
     out.mkdir(parents=True, exist_ok=True)
-    store = Store()
-    runtime_lock = cpu_runtime.load(proj.runtime_lock)
-    carry_lock = lock.load(proj.lock_file)
-    pristine = cpu_runtime.ensure(runtime_lock, store)
-    carry.build_tree(proj, carry_lock, store)
-    context = carry.stage(proj, carry_lock, runtime_lock, proj.patched_tree, proj.build / "image")
-    patched = layout.lay_out(pristine, runtime_lock.project, context, proj.build / "runtime")
-    model = suite.make_model(pristine.python, root, proj.build / "e2e" / "model")
     template = out / "chat-template.jinja"
     template.write_text(CHAT_TEMPLATE, encoding="utf-8")
     say(f"series sha256 {context.series_sha256[:16]}; model {model}; clients run in {pristine.python}")

@@ -339,6 +339,42 @@ def hang_scenario(
         return scenarios.Result("hung-step", False, str(exc)[:400], 0.0)
 
 
+def carried_runtime(
+    proj: carry.CarryProject,
+    carry_lock: lock.Lock,
+    runtime_lock: cpu_runtime.RuntimeLock,
+    store: Store,
+    pristine: testenv.Env,
+) -> tuple[build_context.BuildContext, testenv.Env]:
+    """The carried series applied, staged as the image stages it, and laid over ``pristine``: the
+    patched runtime every end-to-end run serves beside the pristine one."""
+    carry.build_tree(proj, carry_lock, store)
+    context = carry.stage(proj, carry_lock, runtime_lock, proj.patched_tree, proj.build / "image")
+    return context, layout.lay_out(pristine, runtime_lock.project, context, proj.build / "runtime")
+
+
+@dataclass(frozen=True)
+class RuntimePair:
+    """The CPU runtime as published and the same with the carried series, and the model both serve."""
+
+    project: carry.CarryProject
+    pristine: testenv.Env
+    patched: testenv.Env
+    context: build_context.BuildContext
+    model: Path
+
+
+def runtime_pair(root: Path) -> RuntimePair:
+    """Everything a run beside the suite (the clients' check, the serving benchmark) serves with."""
+    proj = carry.CarryProject(root)
+    store = Store()
+    runtime_lock = cpu_runtime.load(proj.runtime_lock)
+    pristine = cpu_runtime.ensure(runtime_lock, store)
+    context, patched = carried_runtime(proj, lock.load(proj.lock_file), runtime_lock, store, pristine)
+    model = make_model(pristine.python, root, proj.build / "e2e" / "model")
+    return RuntimePair(proj, pristine, patched, context, model)
+
+
 def run(root: Path, options: Options) -> Outcome:
     outcome = Outcome()
     proj = carry.CarryProject(root)
@@ -356,9 +392,7 @@ def run(root: Path, options: Options) -> Outcome:
             _stand_on(outcome, kept)
             return outcome
     with Timer(outcome, "carry"):
-        carry.build_tree(proj, carry_lock, store)
-        context = carry.stage(proj, carry_lock, runtime_lock, proj.patched_tree, proj.build / "image")
-        patched = layout.lay_out(pristine, runtime_lock.project, context, proj.build / "runtime")
+        context, patched = carried_runtime(proj, carry_lock, runtime_lock, store, pristine)
         outcome.series_sha256 = context.series_sha256
     with Timer(outcome, "model"):
         model = make_model(pristine.python, root, out / "model")
