@@ -32,6 +32,7 @@ from pathlib import Path, PurePosixPath
 
 import git
 
+from vllm_overlay import git as gitcmd
 from vllm_overlay.apply import export, patched_repo, staging
 from vllm_overlay.apply.patched_repo import PATCH_FILE_TRAILER
 from vllm_overlay.env import record, wheel_record
@@ -54,10 +55,10 @@ SKIP_NAMES = {"__pycache__", ".ruff_cache", ".pytest_cache", ".mypy_cache"}
 
 
 def _git(repo: Path, *args: str, binary: bool = False) -> str | bytes:
-    """patched_repo.git, its failure an ImageError."""
+    """gitcmd.git, its failure an ImageError."""
     try:
-        return patched_repo.git(repo, *args, binary=binary)  # type: ignore[call-overload]
-    except patched_repo.GitError as exc:
+        return gitcmd.git(repo, *args, binary=binary)  # type: ignore[call-overload]
+    except gitcmd.GitError as exc:
         raise ImageError(str(exc)) from None
 
 
@@ -70,7 +71,7 @@ Change = patched_repo.Change
 def _commit_changes(repo: Path, commit: str) -> list[Change]:
     try:
         return patched_repo.commit_changes(repo, commit)
-    except patched_repo.GitError as exc:
+    except gitcmd.GitError as exc:
         raise ImageError(str(exc)) from None
 
 
@@ -91,7 +92,7 @@ def read_patched_repo(tree: Path, patches: list[Patch], lock: Lock) -> tuple[str
         raise ImageError(f"{tree} has uncommitted changes; commit them and export-patches, or re-run apply-patches")
     try:
         found = patched_repo.patch_commits(tree, upstream, first_parent=True)
-    except patched_repo.GitError as exc:
+    except gitcmd.GitError as exc:
         raise ImageError(str(exc)) from None
     commits = [each.commit for each in found]
     names = [each.patch_file or f"<commit {each.commit[:12]} without a {PATCH_FILE_TRAILER} trailer>" for each in found]
@@ -105,7 +106,7 @@ def read_patched_repo(tree: Path, patches: list[Patch], lock: Lock) -> tuple[str
     for patch, commit in paired:
         try:
             stale = patched_repo.differs_from_patch(tree, patch, commit)
-        except patched_repo.GitError as exc:
+        except gitcmd.GitError as exc:
             raise ImageError(str(exc)) from None
         if stale:
             raise ImageError(
@@ -237,8 +238,8 @@ def _fix_metadata(root: Path, epoch: int) -> None:
 def _project_git(project: Project, *args: str) -> str | None:
     """A git answer about the project's own repository (None: git failed or said nothing)."""
     try:
-        return patched_repo.git(project.root, *args).strip() or None
-    except patched_repo.GitError:
+        return gitcmd.git(project.root, *args).strip() or None
+    except gitcmd.GitError:
         return None
 
 
