@@ -5,14 +5,16 @@ Every ``git`` command the tool starts itself is started here (:func:`git`, :func
 failure is one exception, :class:`GitError`, with git's own message, the command and the
 repository. No other module starts a git process (a tool test scans for one).
 
-GitPython stays where a repository is worked with as objects: the apply engine's index and
-commit steps, the upstream import's ``Repo``, export's commit walk, bump, the audit and
-with-patched-vllm read commits, tags and refs through it, and rewriting those as command lines
-would only re-implement its parsers. It starts its own git processes; they are isolated the same
-way because :func:`isolated` (entered once, by ``cli.main``, for every verb) isolates this
-process's environment, which GitPython reads at every call. Its failure, ``GitCommandError``, is
-raised as a :class:`GitError` where a step catches git failures (:func:`gitpython_failures`,
-:func:`failure`), so no caller catches both types side by side.
+GitPython stays where a repository is worked with as objects, not as one command's output: the apply
+engine's 3-way steps (engine, classify), the upstream store's ``Repo`` (fetch, tags, clones),
+export's reads of the tree, the patched repository's tags, bump, recarry, the audit, lint, the image's
+build context, ci-readme's clone and with-patched-vllm read commits, tags, refs and diffs through
+it; rewriting those as command lines would only re-implement its parsers. A run that needs none of
+that (a re-apply on the spare) never imports it. Its processes are isolated the same way:
+:func:`isolated`, entered once by ``cli.main`` for every verb, isolates this process's environment,
+which GitPython reads at every call (and which the door's processes then inherit). Its failure,
+``GitCommandError``, is raised as a :class:`GitError` where a step catches git failures
+(:func:`gitpython_failures`, :func:`failure`), so no caller catches both types side by side.
 
 The isolation: the user's git configuration has no say. ``core.autocrlf``, ``apply.whitespace=fix``,
 ``trailer.*``, ``core.hooksPath``, ``gc.auto`` and the like in ~/.gitconfig or /etc/gitconfig, and
