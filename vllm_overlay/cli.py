@@ -15,7 +15,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from vllm_overlay import errors, gitenv, output, report
+from vllm_overlay import errors, output, report
+from vllm_overlay import git as gitcmd
 from vllm_overlay.upstream import indexes
 
 # verb -> (module under vllm_overlay.commands, one-line help)
@@ -81,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Only options that name a file: serve-e2e's --range-diff is a switch (it prints the diff).
         destinations = {name: getattr(args, name, None) for name in REPORT_OPTIONS}
         report.check_destinations(**{k: v for k, v in destinations.items() if isinstance(v, Path)})
-        with gitenv.isolated():  # the user's git configuration never changes what the tool builds
+        with gitcmd.isolated():  # the user's git configuration never changes what the tool builds
             return int(args._module.run(args))
     except (errors.InputError, errors.WorkFailure) as exc:  # the one error path: one line; exit 2 or 1
         return errors.report(exc)

@@ -28,7 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_overlay import gitenv, series
+from vllm_overlay import git as gitcmd
+from vllm_overlay import series
 from vllm_overlay.apply import patched_repo
 from vllm_overlay.env import shadow
 from vllm_overlay.errors import InputError
@@ -80,8 +81,8 @@ class ForwardBranch:
 
 def user_identity(cwd: Path) -> Identity:
     """The name and e-mail the user's own git signs with (read outside the tool's git isolation)."""
-    name = gitenv.user_setting("user.name", cwd)
-    email = gitenv.user_setting("user.email", cwd)
+    name = gitcmd.user_setting("user.name", cwd)
+    email = gitcmd.user_setting("user.email", cwd)
     if not name or not email:
         missing = " and ".join(key for key, value in (("user.name", name), ("user.email", email)) if not value)
         raise ForwardError(
@@ -188,7 +189,7 @@ def apply_alone(tree: Path, patch: Patch, earlier: list[Patch], scratch: Path) -
     """Apply the patch's diff to the tree's index and files; refuse one that needs an earlier patch."""
     mail = scratch / "patch.mail"
     mail.write_bytes(patch.raw)
-    code, _, err = patched_repo.run(tree, "apply", "--index", "--check", str(mail))
+    code, _, err = gitcmd.run(tree, "apply", "--index", "--check", str(mail))
     if code != 0:
         needed = _needed_earlier(tree, mail, earlier, scratch)
         if needed is not None:
@@ -199,7 +200,7 @@ def apply_alone(tree: Path, patch: Patch, earlier: list[Patch], scratch: Path) -
                 "first, or fold them into one pull request"
             )
         raise ForwardError(f"{patch.name} does not apply on the upstream release: {err.strip().splitlines()[-1]}")
-    patched_repo.git(tree, "apply", "--index", str(mail))
+    gitcmd.git(tree, "apply", "--index", str(mail))
 
 
 def _needed_earlier(tree: Path, mail: Path, earlier: list[Patch], scratch: Path) -> Patch | None:
@@ -210,9 +211,9 @@ def _needed_earlier(tree: Path, mail: Path, earlier: list[Patch], scratch: Path)
     for position, before in enumerate(earlier):
         before_mail = scratch / f"earlier-{position}.mail"
         before_mail.write_bytes(before.raw)
-        if patched_repo.run(tree, "apply", "--cached", str(before_mail), env=env)[0] != 0:
+        if gitcmd.run(tree, "apply", "--cached", str(before_mail), env=env)[0] != 0:
             return None
-        if patched_repo.run(tree, "apply", "--cached", "--check", str(mail), env=env)[0] == 0:
+        if gitcmd.run(tree, "apply", "--cached", "--check", str(mail), env=env)[0] == 0:
             return before
     return None
 
@@ -240,8 +241,8 @@ def make_branch(
         partial.rename(dest)
     finally:
         shutil.rmtree(partial, ignore_errors=True)
-    commit = patched_repo.git(dest, "rev-parse", "HEAD").strip()
-    files = patched_repo.git(dest, "diff", "--name-only", "--no-renames", base, commit).split()
+    commit = gitcmd.git(dest, "rev-parse", "HEAD").strip()
+    files = gitcmd.git(dest, "diff", "--name-only", "--no-renames", base, commit).split()
     return ForwardBranch(
         tree=dest,
         branch=branch,
@@ -267,14 +268,14 @@ def _commit_in(
     """Clone the upstream at ``dest`` and commit the patch and its ported tests there; the branch name."""
     clone(dest)
     branch = f"forward/{patch_stem(patch)}"
-    patched_repo.git(dest, "branch", "--move", "patched", branch)
+    gitcmd.git(dest, "branch", "--move", "patched", branch)
     with tempfile.TemporaryDirectory(prefix="forward-") as scratch:
         apply_alone(dest, patch, earlier, Path(scratch))
         for test in tests:
             target = dest / test.upstream_path
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(test.source, target)
-        patched_repo.git(dest, "add", "--", *(t.upstream_path for t in tests))
+        gitcmd.git(dest, "add", "--", *(t.upstream_path for t in tests))
         message_file = Path(scratch) / "message"
         message_file.write_text(message, encoding="utf-8")
         env = {
@@ -283,9 +284,7 @@ def _commit_in(
             "GIT_COMMITTER_NAME": identity.name,
             "GIT_COMMITTER_EMAIL": identity.email,
         }
-        patched_repo.git(
-            dest, "commit", "--quiet", "--no-verify", "--cleanup=verbatim", "-F", str(message_file), env=env
-        )
+        gitcmd.git(dest, "commit", "--quiet", "--no-verify", "--cleanup=verbatim", "-F", str(message_file), env=env)
     return branch
 
 

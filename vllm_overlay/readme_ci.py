@@ -33,6 +33,7 @@ from pathlib import Path
 
 import git
 
+from vllm_overlay import git as gitcmd
 from vllm_overlay import output, project
 from vllm_overlay.image import engine
 from vllm_overlay.image.ci_checks import index_build_args, use_storage
@@ -83,9 +84,13 @@ def readme_commands(readme: Path) -> tuple[str, str]:
 
 def tree_ids(repo: Path | str, runner=None) -> list[str]:
     """The tree id of every commit of HEAD's history, oldest first."""
-    argv = ["git", "-C", str(repo), "log", "--reverse", "--format=%T", "HEAD"]
-    text = runner(argv) if runner else sh(*argv)
-    return text.split()
+    args = ["-C", str(repo), "log", "--reverse", "--format=%T", "HEAD"]
+    if runner:  # git in the newcomer's container
+        return runner(["git", *args]).split()
+    done = gitcmd.process(*args, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise engine.EngineError(f"git {' '.join(args[:2])}...: {(done.stderr or done.stdout).strip()[-2000:]}")
+    return done.stdout.split()
 
 
 def clone_into(proj: project.Project, dest: Path) -> int:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import unicodedata
 from collections import Counter
 from collections.abc import Sequence
@@ -18,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
+from vllm_overlay import git as gitcmd
 from vllm_overlay.errors import InputError
 
 if TYPE_CHECKING:  # imported where a patch is parsed: a run that only compares bytes never needs them
@@ -268,12 +268,12 @@ def render_series(names: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-PARSE_TRAILERS = ("git", "interpret-trailers", "--parse", "--no-divider")
+PARSE_TRAILERS = ("interpret-trailers", "--parse", "--no-divider")
 
 
 def parse_trailers(message: str) -> list[tuple[str, str]]:
     """Trailers of a commit message, parsed by git itself."""
-    result = subprocess.run(PARSE_TRAILERS, input=message.encode("utf-8"), capture_output=True, check=True)
+    result = gitcmd.process(*PARSE_TRAILERS, input=message.encode("utf-8"), capture_output=True, check=True)
     return _trailer_pairs(result.stdout.decode("utf-8"))
 
 
@@ -297,7 +297,7 @@ def parse_all_trailers(patches: Sequence[Patch], scratch: Path | None = None) ->
     files = [scratch / f"trailers-{number}" for number in range(len(unparsed))]
     for patch, file in zip(unparsed, files, strict=True):
         file.write_bytes(patch.message.encode("utf-8"))
-    subprocess.run([*PARSE_TRAILERS, "--in-place", *map(str, files)], capture_output=True, check=True)
+    gitcmd.process(*PARSE_TRAILERS, "--in-place", *map(str, files), capture_output=True, check=True)
     for patch, file in zip(unparsed, files, strict=True):
         patch._trailers = _trailer_pairs(file.read_bytes().decode("utf-8"))
 
@@ -421,7 +421,7 @@ def parse_mail(raw: bytes, name: str) -> ParsedMail:
 
 def mail_headers(mail: bytes, name: str) -> dict[str, str]:
     """Author, Email, Subject and Date of the mail ``name`` as ``git mailinfo -b`` reads them (absent: not given)."""
-    result = subprocess.run(["git", "mailinfo", "-b", os.devnull, os.devnull], input=mail, capture_output=True)
+    result = gitcmd.process("mailinfo", "-b", os.devnull, os.devnull, input=mail, capture_output=True)
     if result.returncode != 0:
         reason = result.stderr.decode("utf-8", errors="replace").strip() or f"exit status {result.returncode}"
         raise SeriesError(f"{name}: git mailinfo cannot read its headers: {reason}")

@@ -75,14 +75,14 @@ def test_select_several_keeps_series_order(project, make_patch, upstream_dir):
 
 def test_a_mail_git_mailinfo_cannot_read_is_a_series_error_naming_it(project, make_patch, upstream_dir, monkeypatch):
     make_patch(upstream_dir, change_line_20, "core: change line 20")
-    real_run = series.subprocess.run
+    real_run = subprocess.run
 
     def failing_mailinfo(argv, **kwargs):
         if argv[:2] == ["git", "mailinfo"]:  # git's own failure, as a broken git would give it
-            return series.subprocess.CompletedProcess(argv, 128, b"", b"fatal: cannot read the mail\n")
+            return subprocess.CompletedProcess(argv, 128, b"", b"fatal: cannot read the mail\n")
         return real_run(argv, **kwargs)
 
-    monkeypatch.setattr(series.subprocess, "run", failing_mailinfo)
+    monkeypatch.setattr(subprocess, "run", failing_mailinfo)
     with pytest.raises(series.SeriesError, match=r"core-change-line-20.patch: git mailinfo cannot read .*fatal"):
         series.load_series(project / "patches")
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import re
 import shutil
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vllm_overlay import faults
+from vllm_overlay import git as gitcmd
 from vllm_overlay.apply import paths, staging
 from vllm_overlay.apply.classify import (
     CHECKING_RE,
@@ -141,11 +141,9 @@ def _trailer_option(patch: Patch) -> str:
 
 def _mail_with_trailer(tree: Path, patch: Patch, mail: Path) -> Path:
     """A copy of ``mail`` whose trailer block ends in the ``Patch-File`` trailer (git's interpret-trailers)."""
-    from vllm_overlay.apply import patched_repo
-
     with_trailer = mail.with_name(mail.name + ".commit")
     shutil.copyfile(mail, with_trailer)
-    patched_repo.git(tree, "interpret-trailers", "--in-place", _trailer_option(patch), str(with_trailer))
+    gitcmd.git(tree, "interpret-trailers", "--in-place", _trailer_option(patch), str(with_trailer))
     return with_trailer
 
 
@@ -172,7 +170,7 @@ def _mails_with_trailer(tree: Path, patches: list[Patch], mails: list[Path]) -> 
             shutil.copyfile(mail, copies[number])
     if copies:
         placeholder = f"--trailer={patched_repo.patch_file_trailer(_NAME_PLACEHOLDER)}"
-        patched_repo.git(tree, "interpret-trailers", "--in-place", placeholder, *map(str, copies.values()))
+        gitcmd.git(tree, "interpret-trailers", "--in-place", placeholder, *map(str, copies.values()))
     written = patched_repo.patch_file_trailer(_NAME_PLACEHOLDER).encode() + b"\n"
     result: list[Path] = []
     for number, (patch, mail) in enumerate(zip(patches, mails, strict=True)):
@@ -333,18 +331,6 @@ def _apply_each(
     return results
 
 
-def git_failure_text(exc: Exception) -> str | None:
-    """What a failed git step printed (None: ``exc`` is no git failure)."""
-    from vllm_overlay.apply import patched_repo
-
-    if isinstance(exc, patched_repo.GitError):
-        return str(exc)
-    gitpython = sys.modules.get("git")  # a run that never imported GitPython raises none of its errors
-    if gitpython is not None and isinstance(exc, gitpython.GitCommandError):
-        return f"{' '.join(map(str, exc.command))}: {str(exc.stderr).strip()}"
-    return None
-
-
 def _refuse_unsafe_paths(patch: Patch, tree_root: Path) -> None:
     problems = paths.problems(patch, tree_root)
     if problems:
@@ -433,10 +419,8 @@ def _apply_cached_together(tree: Path, index_file: Path, mails: list[Path]) -> l
     verbose output is one section per mail: "Checking patch" lines (with their hunk notes), then
     "Applied patch" lines. A section count other than the mails' also gives None (read one at a time).
     """
-    from vllm_overlay.apply import patched_repo
-
     env = {"GIT_INDEX_FILE": str(index_file)}
-    status, _out, err = patched_repo.run(tree, "apply", "--cached", "--verbose", *map(str, mails), env=env)
+    status, _out, err = gitcmd.run(tree, "apply", "--cached", "--verbose", *map(str, mails), env=env)
     if status != 0:
         return None
     sections: list[list[str]] = []
@@ -460,20 +444,16 @@ def _check_on_tree(tree: Path, mail: Path) -> list[str]:
     It is the check a patch classified alone gets (``classify.apply_check``), so the hunk notes
     are the same. The common re-apply, after the last patch was edited, takes this path.
     """
-    from vllm_overlay.apply import patched_repo
-
-    status, _out, err = patched_repo.run(tree, "apply", "--check", "--verbose", str(mail))
+    status, _out, err = gitcmd.run(tree, "apply", "--check", "--verbose", str(mail))
     return [err] if status == 0 else []
 
 
 def _apply_cached_in_turn(tree: Path, index_file: Path, mails: list[Path]) -> list[str]:
     """The verbose output of each mail that applies in turn, up to the first that does not."""
-    from vllm_overlay.apply import patched_repo
-
     outputs = []
     for mail in mails:
         env = {"GIT_INDEX_FILE": str(index_file)}
-        status, _out, err = patched_repo.run(tree, "apply", "--cached", "--verbose", str(mail), env=env)
+        status, _out, err = gitcmd.run(tree, "apply", "--cached", "--verbose", str(mail), env=env)
         if status != 0:
             break
         outputs.append(err)
@@ -488,8 +468,6 @@ def commit_run(tree: Path, patches: list[Patch], mails: list[Path], head: str) -
     Committer = author at the author's date, as ``commit_patch`` sets it: one ``git am
     --committer-date-is-author-date`` per stretch of patches by one author.
     """
-    from vllm_overlay.apply import patched_repo
-
     envs = [_committer_env(patch) for patch in patches]
     committers = [(env["GIT_COMMITTER_NAME"], env["GIT_COMMITTER_EMAIL"]) for env in envs]
     commits: list[str] = []
@@ -501,10 +479,10 @@ def commit_run(tree: Path, patches: list[Patch], mails: list[Path], head: str) -
         name, email = committers[first]
         with_trailers = _mails_with_trailer(tree, patches[first:last], mails[first:last])
         am = ["am", "--quiet", "--keep-cr", "--committer-date-is-author-date", *map(str, with_trailers)]
-        status, _out, err = patched_repo.run(tree, *am, env={"GIT_COMMITTER_NAME": name, "GIT_COMMITTER_EMAIL": email})
+        status, _out, err = gitcmd.run(tree, *am, env={"GIT_COMMITTER_NAME": name, "GIT_COMMITTER_EMAIL": email})
         if status != 0:
-            raise patched_repo.GitError(tree, tuple(am), status, err.encode())
-        made = patched_repo.git(tree, "rev-list", "--reverse", f"{head}..HEAD").split()
+            raise gitcmd.GitError(tree, tuple(am), status, err.encode())
+        made = gitcmd.git(tree, "rev-list", "--reverse", f"{head}..HEAD").split()
         if len(made) != last - first:
             raise ApplyError(f"git am made {len(made)} commits for {last - first} patches")
         commits += made

@@ -18,6 +18,7 @@ from pathlib import Path
 import git
 
 from vllm_overlay import atomicfile, faults, interrupts
+from vllm_overlay import git as gitcmd
 from vllm_overlay.apply import patched_repo
 from vllm_overlay.apply.patched_repo import PATCH_FILE_TRAILER
 from vllm_overlay.errors import InputError
@@ -193,7 +194,7 @@ def range_commits(repo_dir: Path, base: str) -> list[RangeCommit]:
         "%(trailers:key=Series,valueonly,unfold,separator=%x0a)",
         "%B",
     )
-    out = patched_repo.git(
+    out = gitcmd.git(
         repo_dir, "log", "-z", "--reverse", "--topo-order", f"--format={'%x00'.join(fields)}", f"{base}..HEAD"
     )
     values = out.split("\0")[:-1]  # every record ends in a NUL
@@ -214,7 +215,7 @@ def touched_paths(repo_dir: Path, commits: list[RangeCommit]) -> dict[str, list[
     if not commits:
         return touched
     listed = "".join(f"{commit.sha}\n" for commit in commits).encode()
-    out = patched_repo.git(repo_dir, "diff-tree", "--stdin", "-r", "-z", "--no-renames", stdin=listed)
+    out = gitcmd.git(repo_dir, "diff-tree", "--stdin", "-r", "-z", "--no-renames", stdin=listed)
     current = None
     fields = iter(out.split("\0"))
     for field in fields:
@@ -248,7 +249,7 @@ def formatted_patches(repo_dir: Path, base: str, count: int) -> list[str]:
     range could get from the repository's config.
     """
     with tempfile.TemporaryDirectory(prefix="vllm-overlay-export-") as folder:
-        listed = patched_repo.git(
+        listed = gitcmd.git(
             repo_dir,
             "format-patch",
             *FORMAT_PATCH_OPTIONS,

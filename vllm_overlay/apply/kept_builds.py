@@ -30,12 +30,12 @@ import contextlib
 import json
 import os
 import shutil
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_overlay import atomicfile, gitenv
+from vllm_overlay import atomicfile
+from vllm_overlay import git as gitcmd
 from vllm_overlay.apply import record as apply_record
 from vllm_overlay.apply.classify import PatchResult
 from vllm_overlay.series import Patch
@@ -57,13 +57,6 @@ class KeptBuild:
     @property
     def index(self) -> Path:
         return self.record.with_suffix(".idx")
-
-
-def _git(*args: str, stdin: str | None = None) -> str:
-    done = subprocess.run(
-        ["git", *args], capture_output=True, text=True, input=stdin, check=True, env=gitenv.environment()
-    )
-    return done.stdout.strip()
 
 
 def _touch(path: Path) -> None:
@@ -128,12 +121,7 @@ def _pack_intact(record: Path) -> bool:
     A pack that holds other objects than the build's is whole too; the checkout then misses an
     object and the run builds from upstream (``KeptBuilds.check_out``)."""
     try:
-        done = subprocess.run(
-            ["git", "verify-pack", str(record.with_suffix(".idx"))],
-            capture_output=True,
-            env=gitenv.environment(),
-            check=False,
-        )
+        done = gitcmd.process("verify-pack", str(record.with_suffix(".idx")), capture_output=True, check=False)
     except OSError:
         return False
     return done.returncode == 0
@@ -200,7 +188,7 @@ class KeptBuilds:
                 only=narrow.touched_paths(patches[len(build.shared) :]),
             )
             patched_repo.record_upstream(tree, self.upstream_commit)
-        except (OSError, patched_repo.GitError):  # a pack removed meanwhile, an object missing
+        except (OSError, gitcmd.GitError):  # a pack removed meanwhile, an object missing
             shutil.rmtree(tree, ignore_errors=True)
             return None
         return build.shared
@@ -224,18 +212,18 @@ class KeptBuilds:
             work.mkdir(parents=True)
             # Stored, not deflated: a few hundred objects (1.5 MB for this project's series, 0.47 MB
             # deflated) for 20-25 ms less CPU in the build that keeps them (docs/speed.md, sixth round).
-            name = _git(
-                "-C", str(tree), "-c", "pack.compression=0",
+            name = gitcmd.git(
+                tree, "-c", "pack.compression=0",
                 "pack-objects", "--revs", "--window=0", "--depth=0", "-q", f"{work}/pack",
-                stdin=f"{head}\n^{self.upstream_commit}\n",
-            )  # fmt: skip
+                stdin=f"{head}\n^{self.upstream_commit}\n".encode(),
+            ).strip()  # fmt: skip
             pack, index = kept / f"{head}.pack", kept / f"{head}.idx"
             os.replace(f"{work}/pack-{name}.pack", pack)
             os.replace(f"{work}/pack-{name}.idx", index)
             record["kept_pack"] = name
             atomicfile.write_bytes(kept / f"{head}.json", (json.dumps(record, sort_keys=True) + "\n").encode())
             _prune(self.store)
-        except (OSError, subprocess.CalledProcessError):
+        except (OSError, gitcmd.GitError):
             pass  # nothing kept: the next build into a new output applies every patch
         finally:
             shutil.rmtree(work, ignore_errors=True)

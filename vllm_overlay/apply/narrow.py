@@ -39,6 +39,7 @@ import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path, PurePosixPath
 
+from vllm_overlay import git as gitcmd
 from vllm_overlay.apply import paths
 from vllm_overlay.series import Patch
 
@@ -135,9 +136,7 @@ def narrow(tree: Path, commit: str, touched: list[str]) -> bool:
     Those are the trees where git's own path checks, and the tool's, read more than the touched
     files (a link's target, a file where a patch wants a directory): they are checked out whole.
     """
-    from vllm_overlay.apply import patched_repo
-
-    listing = patched_repo.git(tree, "ls-tree", "-r", "-z", "--full-tree", commit, binary=True)
+    listing = gitcmd.git(tree, "ls-tree", "-r", "-z", "--full-tree", commit, binary=True)
     untouched = untouched_entries(listing, touched)
     if untouched is None:
         return False
@@ -145,7 +144,7 @@ def narrow(tree: Path, commit: str, touched: list[str]) -> bool:
     (git_dir / _UNTOUCHED_FILE).write_bytes(untouched)  # the widening's private index
     _write_patterns(tree, touched)
     (git_dir / _SETTINGS_FILE).write_text(_settings_text())
-    patched_repo.git(tree, "config", "include.path", _SETTINGS_FILE)  # relative to the config file
+    gitcmd.git(tree, "config", "include.path", _SETTINGS_FILE)  # relative to the config file
     return True
 
 
@@ -162,10 +161,8 @@ def _nul_terminated(names: list[str]) -> bytes:
 def converted(tree: Path, names: list[str]) -> bool:
     """True where git converts one of ``names`` between file and blob (``git check-attr``: an
     attribute of ``_CONVERSIONS`` set or given a value, not unspecified or unset)."""
-    from vllm_overlay.apply import patched_repo
-
     listed = _nul_terminated(names)
-    out = patched_repo.git(tree, "check-attr", "-z", "--stdin", *_CONVERSIONS, stdin=listed, binary=True)
+    out = gitcmd.git(tree, "check-attr", "-z", "--stdin", *_CONVERSIONS, stdin=listed, binary=True)
     fields = out.split(b"\0")
     return any(value not in (b"unspecified", b"unset") for value in fields[2::3])
 
@@ -192,15 +189,15 @@ class Widening:
         ``owner_fd``, the staging area's owner lock, is held by the writer too: a run killed while
         it writes leaves an area no later run removes under it (``staging.remove_leftovers``).
         """
-        from vllm_overlay.apply import patched_repo
-
         self.tree = tree
         private = _on_private_index(tree)
         untouched = (tree / ".git" / _UNTOUCHED_FILE).read_bytes()
-        patched_repo.git(tree, *_WHOLE_INDEX, "update-index", "-z", "--index-info", stdin=untouched, env=private)
-        self.process = subprocess.Popen(
-            ["git", "-C", str(tree), *_WRITER],
-            env={**os.environ, **private},
+        gitcmd.git(tree, *_WHOLE_INDEX, "update-index", "-z", "--index-info", stdin=untouched, env=private)
+        self.process = gitcmd.popen(
+            "-C",
+            str(tree),
+            *_WRITER,
+            env=private,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,  # what it failed to write, the last step writes (below)
@@ -229,7 +226,7 @@ class Widening:
 
         wrote_every_file = self.process.wait() == 0
         touched = _patterned_paths(self.tree)
-        patched_repo.git(self.tree, "config", "--unset", "include.path")
+        gitcmd.git(self.tree, "config", "--unset", "include.path")
         git_dir = self.tree / ".git"
         for done_with in (_pattern_file(self.tree), git_dir / _SETTINGS_FILE, git_dir / _UNTOUCHED_FILE):
             done_with.unlink()
@@ -240,11 +237,9 @@ class Widening:
         written = [name for name in touched if (self.tree / name).is_symlink() or (self.tree / name).is_file()]
         if wrote_every_file and index.exists() and written and not converted(self.tree, written):
             listed = _nul_terminated(written)
-            patched_repo.git(
-                self.tree, *_WHOLE_INDEX, "update-index", "--add", "-z", "--stdin", stdin=listed, env=private
-            )
+            gitcmd.git(self.tree, *_WHOLE_INDEX, "update-index", "--add", "-z", "--stdin", stdin=listed, env=private)
         else:
-            patched_repo.git(self.tree, *_WHOLE_INDEX, "read-tree", "--reset", "-u", "HEAD", env=private)
+            gitcmd.git(self.tree, *_WHOLE_INDEX, "read-tree", "--reset", "-u", "HEAD", env=private)
         os.replace(index, self.tree / ".git" / "index")
         for shared in git_dir.glob("sharedindex.*"):  # what the narrowed tree's split index was read with
             shared.unlink()
@@ -288,12 +283,12 @@ def settle_index(tree: Path) -> None:
     second = int(index.stat().st_mtime)
     time.sleep(max(0.0, second + 1 + _SETTLE_MARGIN_S - time.time()))
     patched_repo.date_ahead(index)
-    patched_repo.git(tree, *_WHOLE_INDEX, "write-tree")
+    gitcmd.git(tree, *_WHOLE_INDEX, "write-tree")
     for _attempt in range(3):  # once, unless the file system's clock still read the last second
         if _index_written_after(index, second):
             return
         patched_repo.date_ahead(index)
-        patched_repo.git(tree, *_WHOLE_INDEX, "update-index", "--force-write-index")
+        gitcmd.git(tree, *_WHOLE_INDEX, "update-index", "--force-write-index")
         time.sleep(_SETTLE_MARGIN_S)
 
 

@@ -12,24 +12,22 @@ with-patched-vllm read it. The contract:
   a ``Patch-File: SERIES/FILE.patch`` trailer (``PATCH_FILE_TRAILER``; export removes it again).
 
 Everything git answers is read with git's own parsers (``%(trailers:...)``, ``interpret-trailers
---parse``, ``diff-tree -z``); the few plain git calls go through :func:`git`.
+--parse``, ``diff-tree -z``); the few plain git calls go through the door, ``vllm_overlay.git``.
 """
 
 from __future__ import annotations
 
 import codecs
 import os
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, overload
+from typing import TYPE_CHECKING
 
+from vllm_overlay import git as gitcmd
 from vllm_overlay.errors import InputError
 
 if TYPE_CHECKING:  # GitPython and unidiff are imported where used: a re-apply on the spare needs neither
-    from collections.abc import Mapping
-
     import git as gitpython
     import unidiff
 
@@ -45,53 +43,8 @@ PATCH_FILE_TRAILER = "Patch-File"
 ZERO_BLOB = "0" * 40
 
 
-class GitError(subprocess.CalledProcessError):
-    """A git call failed; the message is git's own, with the command and the repository."""
-
-    def __init__(self, repo: Path, args: tuple[str, ...], returncode: int, stderr: bytes) -> None:
-        super().__init__(returncode, ["git", "-C", str(repo), *args], b"", stderr)
-        self.repo = repo
-        self.git_args = args
-
-    def __str__(self) -> str:
-        stderr = self.stderr.decode(errors="replace").strip() if self.stderr else ""
-        return f"git {' '.join(self.git_args)} in {self.repo}: {stderr}"
-
-
 class NoUpstream(InputError, RuntimeError):
     """The repository records no upstream base: not made by apply-patches, and no upstream tag below HEAD."""
-
-
-@overload
-def git(
-    repo: Path | str,
-    *args: str,
-    binary: Literal[False] = False,
-    stdin: bytes | None = None,
-    env: Mapping[str, str] | None = None,
-) -> str: ...
-@overload
-def git(
-    repo: Path | str,
-    *args: str,
-    binary: Literal[True],
-    stdin: bytes | None = None,
-    env: Mapping[str, str] | None = None,
-) -> bytes: ...
-def git(
-    repo: Path | str,
-    *args: str,
-    binary: bool = False,
-    stdin: bytes | None = None,
-    env: Mapping[str, str] | None = None,
-) -> str | bytes:
-    """``git -C repo ARGS``: its stdout (text unless ``binary``); GitError when it fails.
-
-    ``env`` is added to this process's environment (``GIT_INDEX_FILE`` for a private index)."""
-    result = _git_process(repo, args, env, input=stdin)
-    if result.returncode != 0:
-        raise GitError(Path(repo), args, result.returncode, result.stderr)
-    return result.stdout if binary else result.stdout.decode()
 
 
 def date_ahead(index_file: Path) -> None:
@@ -104,33 +57,6 @@ def date_ahead(index_file: Path) -> None:
     """
     later = time.time() + 60
     os.utime(index_file, (later, later))
-
-
-def run(
-    repo: Path | str, *args: str, env: Mapping[str, str] | None = None, stdin: Path | None = None
-) -> tuple[int, str, str]:
-    """``git -C repo ARGS``, which may fail: its exit status, stdout and stderr (text).
-
-    ``env`` is added to this process's environment; ``stdin``, a file, is git's standard input.
-    For the steps whose failure is an answer (``git apply`` of a patch that may not apply).
-    """
-    with open(stdin if stdin is not None else os.devnull, "rb") as given:
-        done = _git_process(repo, args, env, stdin=given)
-    return done.returncode, done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace")
-
-
-def _git_process(
-    repo: Path | str, args: tuple[str, ...], env: Mapping[str, str] | None, **given: object
-) -> subprocess.CompletedProcess[bytes]:
-    """``git -C repo ARGS`` run to its end, its output captured; ``env`` added to this process's
-    environment; ``given``: its input (``input`` bytes or a ``stdin`` file)."""
-    return subprocess.run(
-        ["git", "-C", str(repo), *args],
-        capture_output=True,
-        check=False,
-        env={**os.environ, **env} if env else None,
-        **given,  # type: ignore[call-overload]
-    )
 
 
 def _dir(repo: gitpython.Repo | Path | str) -> Path:
@@ -156,16 +82,16 @@ def upstream_tag(label: str) -> str:
 
 def record_upstream(repo: gitpython.Repo | Path, commit: str, *, partial: bool = False) -> None:
     """Record ``commit`` as the repository's upstream base (and mark a selection of the series)."""
-    git(_dir(repo), "config", CONFIG_UPSTREAM, commit)
+    gitcmd.git(_dir(repo), "config", CONFIG_UPSTREAM, commit)
     if partial:
-        git(_dir(repo), "config", CONFIG_PARTIAL, "true")
+        gitcmd.git(_dir(repo), "config", CONFIG_PARTIAL, "true")
 
 
 def recorded_upstream(repo: gitpython.Repo | Path | str) -> str | None:
     """The upstream commit in the repository's config, as apply and bump wrote it (None: none)."""
     try:
-        return git(_dir(repo), "config", "--get", CONFIG_UPSTREAM).strip() or None
-    except GitError:
+        return gitcmd.git(_dir(repo), "config", "--get", CONFIG_UPSTREAM).strip() or None
+    except gitcmd.GitError:
         return None
 
 
@@ -205,7 +131,7 @@ def upstream_base(repo: gitpython.Repo | Path | str) -> str:
 
 def base_name(repo: gitpython.Repo | Path | str, commit: str) -> str:
     """A name for ``commit`` to show: its ``upstream/*`` (else ``upstream-*``) tag, else the commit id."""
-    names = git(_dir(repo), "tag", "--points-at", commit).split()
+    names = gitcmd.git(_dir(repo), "tag", "--points-at", commit).split()
     for prefix in (TAG_PREFIX, HAND_TAG_PREFIX):
         tagged = sorted(n for n in names if n.startswith(prefix))
         if tagged:
@@ -216,8 +142,8 @@ def base_name(repo: gitpython.Repo | Path | str, commit: str) -> str:
 def is_partial(repo: gitpython.Repo | Path | str) -> bool:
     """True for a tree apply-patches --only made: it holds a selection of the series, not all of it."""
     try:
-        return git(_dir(repo), "config", "--get", "--type=bool", CONFIG_PARTIAL).strip() == "true"
-    except GitError:
+        return gitcmd.git(_dir(repo), "config", "--get", "--type=bool", CONFIG_PARTIAL).strip() == "true"
+    except gitcmd.GitError:
         return False
 
 
@@ -231,14 +157,14 @@ def patch_file_trailer(patch_name: str) -> str:
 
 def trailer_value(repo: gitpython.Repo | Path | str, commit: str, key: str) -> str | None:
     """The last ``key:`` trailer of ``commit``'s message, as git parses trailers (None: none)."""
-    out = git(_dir(repo), "log", "-1", f"--format=%(trailers:key={key},valueonly,unfold)", commit)
+    out = gitcmd.git(_dir(repo), "log", "-1", f"--format=%(trailers:key={key},valueonly,unfold)", commit)
     values = [line.strip() for line in out.splitlines() if line.strip()]
     return values[-1] if values else None
 
 
 def message_patch_file(repo: gitpython.Repo | Path | str, message: str) -> str | None:
     """The ``Patch-File`` trailer of a commit message that is no commit yet (git am's final-commit)."""
-    out = git(_dir(repo), "interpret-trailers", "--parse", "--unfold", stdin=message.encode("utf-8"))
+    out = gitcmd.git(_dir(repo), "interpret-trailers", "--parse", "--unfold", stdin=message.encode("utf-8"))
     values = []
     for line in out.splitlines():
         key, sep, value = line.partition(":")
@@ -263,7 +189,7 @@ def patch_commits(
     where = _dir(repo)
     base = base if base is not None else upstream_base(repo)
     order = "--first-parent" if first_parent else "--topo-order"
-    out = git(
+    out = gitcmd.git(
         where,
         "log",
         "-z",
@@ -284,7 +210,7 @@ def patch_commits(
 
 def tree_id(repo: gitpython.Repo | Path | str, commit: str) -> str:
     """git's content address of ``commit``'s tree (what test-patches keys verdicts on)."""
-    return git(_dir(repo), "rev-parse", f"{commit}^{{tree}}").strip()
+    return gitcmd.git(_dir(repo), "rev-parse", f"{commit}^{{tree}}").strip()
 
 
 # --- what a commit changes --------------------------------------------------------------------------
@@ -300,7 +226,9 @@ class Change:
 
 def commit_changes(repo: gitpython.Repo | Path | str, commit: str) -> list[Change]:
     """What ``commit`` changes against its parent, path by path (``git diff-tree -z``, no renames)."""
-    raw = git(_dir(repo), "diff-tree", "-r", "-z", "--no-renames", "--no-commit-id", "--root", f"{commit}^", commit)
+    raw = gitcmd.git(
+        _dir(repo), "diff-tree", "-r", "-z", "--no-renames", "--no-commit-id", "--root", f"{commit}^", commit
+    )
     fields = raw.split("\0")
     changes = []
     for meta, path in zip(fields[0::2], fields[1::2], strict=False):
@@ -317,7 +245,7 @@ def changed_between(
     """(present, deleted) paths that differ between ``base`` and ``commit`` (under ``pathspec``)."""
     if base == commit:
         return [], []
-    text = git(_dir(repo), "diff", "--name-status", "--no-renames", "-z", base, commit, "--", *pathspec)
+    text = gitcmd.git(_dir(repo), "diff", "--name-status", "--no-renames", "-z", base, commit, "--", *pathspec)
     fields = [f for f in text.split("\0") if f]
     present, deleted = [], []
     for status, path in zip(fields[0::2], fields[1::2], strict=True):
@@ -379,7 +307,7 @@ def differs_from_patch(repo: gitpython.Repo | Path | str, patch: Patch, commit: 
         return stale
     import unidiff
 
-    committed = unidiff.PatchSet(git(_dir(repo), "show", "--format=", "--no-renames", "--full-index", commit))
+    committed = unidiff.PatchSet(gitcmd.git(_dir(repo), "show", "--format=", "--no-renames", "--full-index", commit))
     return sorted(
         path for path, lines in changed_lines(committed).items() if changed_lines(patch.diff).get(path) != lines
     )

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vllm_overlay import atomicfile, gitenv
+from vllm_overlay import atomicfile
+from vllm_overlay import git as gitcmd
 from vllm_overlay.apply import staging
 from vllm_overlay.apply.classify import HunkNote, PatchResult, Status
 from vllm_overlay.series import Patch, as_git_am_reads
@@ -91,7 +91,7 @@ def lock_digest(the_lock: Lock) -> str:
 def write(tree: Path, inputs: Inputs, patches: list[Patch], results: list[PatchResult]) -> str:
     """Record, in ``tree``'s git directory, what it was built from and holds (call before publishing);
     the HEAD commit recorded."""
-    head, tree_id = _git(tree, "rev-parse", "HEAD", "HEAD^{tree}").split()
+    head, tree_id = gitcmd.git(tree, "rev-parse", "HEAD", "HEAD^{tree}").split()
     data = {
         **inputs.to_json(),
         "patches": [{"name": p.name, "mail_sha256": mail_digest(p)} for p in patches],
@@ -212,8 +212,8 @@ def untouched(tree: Path, record: dict, published_head: str | None) -> bool:
     if published_head != record.get("head"):
         return False
     try:
-        status = _git(tree, "status", "--porcelain=v2", "--branch", "--untracked-files=all", "--no-renames")
-    except subprocess.CalledProcessError:
+        status = gitcmd.git(tree, "status", "--porcelain=v2", "--branch", "--untracked-files=all", "--no-renames")
+    except gitcmd.GitError:
         return False
     lines = status.splitlines()
     headers = [line for line in lines if line.startswith("# ")]
@@ -228,11 +228,3 @@ def on_branch(tree: Path, record: dict) -> bool:
     except OSError:
         return False
     return head == f"ref: refs/heads/{record.get('branch')}"
-
-
-def _git(tree: Path, *args: str) -> str:
-    """``git -C tree ARGS`` in the tool's git environment; its output (CalledProcessError when it fails)."""
-    done = subprocess.run(
-        ["git", "-C", str(tree), *args], capture_output=True, text=True, check=True, env=gitenv.environment()
-    )
-    return done.stdout

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vllm_overlay import diskspace, faults, interrupts
+from vllm_overlay import git as gitcmd
 from vllm_overlay.apply import record as apply_record
 from vllm_overlay.apply import staging
 from vllm_overlay.apply.classify import PatchResult
@@ -26,7 +27,6 @@ from vllm_overlay.apply.engine import (
     Report,
     apply_after_shared,
     apply_from_upstream,
-    git_failure_text,
 )
 from vllm_overlay.series import Patch
 from vllm_overlay.upstream.trees import Upstream
@@ -76,11 +76,13 @@ def apply_series(
     patches, and every build of the whole series is kept there for the next (``kept_builds``).
     ``verify_upstream``, where given, is called before the upstream is checked out and returns it
     verified (apply-patches starts from a record and reads the upstream only if the run needs it).
+    A git step that failed, GitPython's too, raises ``vllm_overlay.git.GitError``.
     """
     output = output.resolve()
     staging.check_replaceable(output)  # before anything is created beside it (OutputNotOurs)
     output.parent.mkdir(parents=True, exist_ok=True)
-    with staging.output_lock(output, wait=wait, on_wait=on_wait):  # OutputBusy if another run holds it
+    # OutputBusy if another run holds the output's lock
+    with gitcmd.gitpython_failures(), staging.output_lock(output, wait=wait, on_wait=on_wait):
         return _apply_locked(
             output,
             patches,
@@ -206,7 +208,8 @@ def _apply_locked(
         # A git step that failed to write: git says "failed to write new configuration file
         # .../config.lock" or "could not write to ...", not that the disk is full. Asked here, before
         # the staging area is removed (which frees the space again).
-        said = git_failure_text(exc)
+        failed = gitcmd.failure(exc)
+        said = str(failed) if failed is not None else None
         no_space = diskspace.full(output.parent, said) if said is not None else None
         if no_space is None:
             raise
@@ -310,14 +313,12 @@ def _reset_spare(area: staging.StagingArea, output: Path, shared: list[PatchResu
     spare or git cannot reset it (the caller then builds otherwise; the spare is gone). Plain git
     processes: GitPython is imported only if a patch needs more than a clean stretch.
     """
-    from vllm_overlay.apply import patched_repo
-
     if not staging.take_spare(area, output):
         return False
     try:
-        patched_repo.git(area.tree, "reset", "--hard", "--quiet", shared[-1].commit)
-        patched_repo.git(area.tree, "clean", "-ffdxq")  # untracked and ignored files: a build from upstream has none
-    except patched_repo.GitError:  # a stale index.lock, a broken repository
+        gitcmd.git(area.tree, "reset", "--hard", "--quiet", shared[-1].commit)
+        gitcmd.git(area.tree, "clean", "-ffdxq")  # untracked and ignored files: a build from upstream has none
+    except gitcmd.GitError:  # a stale index.lock, a broken repository
         shutil.rmtree(area.tree, ignore_errors=True)
         return False
     return True

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from vllm_overlay import git as gitcmd
 from vllm_overlay import interrupts, output, project, series
 from vllm_overlay.apply import engine as apply
 from vllm_overlay.apply import kept_builds, staging
@@ -157,27 +158,9 @@ def _build(
             kept=kept_builds.KeptBuilds(store, inputs, upstream.commit, verified_upstream),
             verify_upstream=verified_upstream,
         )
-    except git_failures() as exc:  # not a patch's fault (that is a status): the machine's
-        raise InputError(f"git failed: {git_failure_text(exc)}; {target} unchanged") from exc
+    except gitcmd.GitError as exc:  # not a patch's fault (that is a status): the machine's
+        raise InputError(f"git failed: {exc}; {target} unchanged") from exc
     return _report_applied(request, result, patches, the_lock, store, upstream, target)
-
-
-def git_failures() -> tuple[type[Exception], ...]:
-    """The exceptions of a git step that failed: the plain git calls', and GitPython's where a step
-    used it (evaluated when an exception arrives: a run that never imported GitPython raises none)."""
-    import sys
-
-    from vllm_overlay.apply import patched_repo
-
-    gitpython = sys.modules.get("git")
-    return (patched_repo.GitError, gitpython.GitCommandError) if gitpython else (patched_repo.GitError,)
-
-
-def git_failure_text(exc: Exception) -> str:
-    command = getattr(exc, "command", None)  # GitPython's
-    if command is None:
-        return str(exc)
-    return f"{' '.join(map(str, command))}: {str(getattr(exc, 'stderr', '')).strip()}"
 
 
 def _report_applied(

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vllm_overlay import atomicfile, faults, interrupts
+from vllm_overlay import git as gitcmd
 from vllm_overlay.errors import InputError
 
 OWNER_FILE = "owner"
@@ -134,9 +135,7 @@ def mark_published(tree: Path, head: str | None = None) -> None:
     export-patches wrote out): a later HEAD means the user committed there since. ``head``: that
     commit, where the caller just read it (None: read here).
     """
-    from vllm_overlay.apply import patched_repo
-
-    head = head or patched_repo.git(tree, "rev-parse", "--verify", "HEAD^{commit}").strip()
+    head = head or gitcmd.git(tree, "rev-parse", "--verify", "HEAD^{commit}").strip()
     text = f"published by vllm-overlay; the next run may replace this tree\nhead {head}\n"
     atomicfile.write_bytes(tree / ".git" / PUBLISHED_MARKER, text.encode())
 

@@ -13,10 +13,10 @@ apply, export, staging and the image's manifest are the same code as for the loc
 
 from __future__ import annotations
 
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from vllm_overlay import git as gitcmd
 from vllm_overlay import series
 from vllm_overlay.apply import engine as apply
 from vllm_overlay.apply import patched_repo
@@ -148,12 +148,10 @@ def range_diff(main_tree: Path, carried_tree: Path) -> str:
     of the main tree's repository so git can compare them.
     """
     ref = "refs/vllm-overlay/carried"
-    subprocess.run(["git", "-C", str(main_tree), "fetch", "-q", str(carried_tree), f"+HEAD:{ref}"], check=True)
+    gitcmd.process("-C", str(main_tree), "fetch", "-q", str(carried_tree), f"+HEAD:{ref}", check=True)
     main_base = patched_repo.upstream_base(main_tree)
     carried_base = patched_repo.upstream_base(carried_tree)
-    return _git(main_tree, "range-diff", "--no-color", f"{main_base}..HEAD", f"{carried_base}..{ref}", check=False)
-
-
-def _git(repo: Path, *args: str, check: bool = True) -> str:
-    done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=check)
-    return done.stdout.strip()
+    _status, out, _err = gitcmd.run(
+        main_tree, "range-diff", "--no-color", f"{main_base}..HEAD", f"{carried_base}..{ref}"
+    )  # its exit status aside: what it printed is the answer
+    return out.strip()

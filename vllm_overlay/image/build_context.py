@@ -24,14 +24,17 @@ the manifest holds no time or host-dependent value.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+from collections.abc import Iterator
 from datetime import UTC, date, datetime
 from pathlib import Path, PurePosixPath
 
 import git
 
+from vllm_overlay import git as gitcmd
 from vllm_overlay.apply import export, patched_repo, staging
 from vllm_overlay.apply.patched_repo import PATCH_FILE_TRAILER
 from vllm_overlay.env import record, wheel_record
@@ -53,11 +56,12 @@ PACKAGE_DIR = "vllm"
 SKIP_NAMES = {"__pycache__", ".ruff_cache", ".pytest_cache", ".mypy_cache"}
 
 
-def _git(repo: Path, *args: str, binary: bool = False) -> str | bytes:
-    """patched_repo.git, its failure an ImageError."""
+@contextlib.contextmanager
+def _git_failures_as_image_errors() -> Iterator[None]:
+    """A git call of the block that fails (the door's GitError) is an ImageError with git's message."""
     try:
-        return patched_repo.git(repo, *args, binary=binary)  # type: ignore[call-overload]
-    except patched_repo.GitError as exc:
+        yield
+    except gitcmd.GitError as exc:
         raise ImageError(str(exc)) from None
 
 
@@ -65,13 +69,6 @@ def _git(repo: Path, *args: str, binary: bool = False) -> str | bytes:
 
 
 Change = patched_repo.Change
-
-
-def _commit_changes(repo: Path, commit: str) -> list[Change]:
-    try:
-        return patched_repo.commit_changes(repo, commit)
-    except patched_repo.GitError as exc:
-        raise ImageError(str(exc)) from None
 
 
 def read_patched_repo(tree: Path, patches: list[Patch], lock: Lock) -> tuple[str, list[tuple[Patch, str]]]:
@@ -87,12 +84,15 @@ def read_patched_repo(tree: Path, patches: list[Patch], lock: Lock) -> tuple[str
             f"{tree} was patched onto upstream {version or ', '.join(tags) or upstream[:12]}, but the image's base "
             f"carries the locked vllm {lock.version}; run scripts/apply-patches without --upstream"
         )
-    if _git(tree, "status", "--porcelain", "--untracked-files=no").strip():
+    return upstream, _paired_commits(tree, upstream, patches)
+
+
+@_git_failures_as_image_errors()
+def _paired_commits(tree: Path, upstream: str, patches: list[Patch]) -> list[tuple[Patch, str]]:
+    """Each patch of the series with its commit in ``tree``, a clean tree holding the series as it is now."""
+    if gitcmd.git(tree, "status", "--porcelain", "--untracked-files=no").strip():
         raise ImageError(f"{tree} has uncommitted changes; commit them and export-patches, or re-run apply-patches")
-    try:
-        found = patched_repo.patch_commits(tree, upstream, first_parent=True)
-    except patched_repo.GitError as exc:
-        raise ImageError(str(exc)) from None
+    found = patched_repo.patch_commits(tree, upstream, first_parent=True)
     commits = [each.commit for each in found]
     names = [each.patch_file or f"<commit {each.commit[:12]} without a {PATCH_FILE_TRAILER} trailer>" for each in found]
     expected = [p.name for p in patches]
@@ -103,16 +103,13 @@ def read_patched_repo(tree: Path, patches: list[Patch], lock: Lock) -> tuple[str
         )
     paired = list(zip(patches, commits, strict=True))
     for patch, commit in paired:
-        try:
-            stale = patched_repo.differs_from_patch(tree, patch, commit)
-        except patched_repo.GitError as exc:
-            raise ImageError(str(exc)) from None
+        stale = patched_repo.differs_from_patch(tree, patch, commit)
         if stale:
             raise ImageError(
                 f"{patch.name} differs from its commit {commit[:12]} in {tree} ({', '.join(stale)}); the patch file "
                 "changed after apply-patches ran: run it again"
             )
-    return upstream, paired
+    return paired
 
 
 # --- staging --------------------------------------------------------------------------------------
@@ -124,6 +121,7 @@ def _write(path: Path, data: bytes, executable: bool = False) -> None:
     path.chmod(0o755 if executable else 0o644)
 
 
+@_git_failures_as_image_errors()
 def _layers(
     tree: Path, upstream: str, paired: list[tuple[Patch, str]], layers_dir: Path
 ) -> tuple[list[SeriesLayer], list[dict]]:
@@ -146,13 +144,13 @@ def _layers(
     for group in groups:
         touched: dict[str, None] = {}
         for entry in group.patches:
-            for change in _commit_changes(tree, entry["commit"]):
+            for change in patched_repo.commit_changes(tree, entry["commit"]):
                 if PurePosixPath(change.path).parts[0] != PACKAGE_DIR:
                     unshipped.setdefault(change.path, []).append(entry["name"])
                     continue
                 touched[change.path] = None
         for path in sorted(touched):
-            listing = _git(tree, "ls-tree", "-z", group.end_commit, "--", path).strip("\0")
+            listing = gitcmd.git(tree, "ls-tree", "-z", group.end_commit, "--", path).strip("\0")
             if not listing:
                 raise ImageError(
                     f"series {group.name} deletes {path}: a COPY layer cannot delete a file from the base image; "
@@ -160,10 +158,10 @@ def _layers(
                 )
             mode, _kind, rest = listing.split(" ", 2)
             blob = rest.split("\t", 1)[0]
-            data = _git(tree, "cat-file", "blob", blob, binary=True)
+            data = gitcmd.git(tree, "cat-file", "blob", blob, binary=True)
             executable = mode == "100755"
             _write(layers_dir / group.layer / path, data, executable)
-            exists_upstream = bool(_git(tree, "ls-tree", upstream, "--", path).strip())
+            exists_upstream = bool(gitcmd.git(tree, "ls-tree", upstream, "--", path).strip())
             group.files.append(
                 ShippedFile(path, sha256_bytes(data), len(data), "modified" if exists_upstream else "added", executable)
             )
@@ -237,8 +235,8 @@ def _fix_metadata(root: Path, epoch: int) -> None:
 def _project_git(project: Project, *args: str) -> str | None:
     """A git answer about the project's own repository (None: git failed or said nothing)."""
     try:
-        return patched_repo.git(project.root, *args).strip() or None
-    except patched_repo.GitError:
+        return gitcmd.git(project.root, *args).strip() or None
+    except gitcmd.GitError:
         return None
 
 

@@ -15,6 +15,7 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from vllm_overlay import git as gitcmd
 from vllm_overlay.apply import patched_repo
 from vllm_overlay.env import shadow
 from vllm_overlay.upstream import safetar
@@ -26,7 +27,7 @@ def extract(repo: Path, commit: str, paths: list[str], dest: Path) -> dict[str, 
     for rel in paths:
         target = dest / rel
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(patched_repo.git(repo, "cat-file", "blob", f"{commit}:{rel}", binary=True))
+        target.write_bytes(gitcmd.git(repo, "cat-file", "blob", f"{commit}:{rel}", binary=True))
         result[rel] = target
     return result
 
@@ -34,9 +35,7 @@ def extract(repo: Path, commit: str, paths: list[str], dest: Path) -> dict[str, 
 def export_tree(repo: Path, commit: str, paths: list[str], dest: Path) -> None:
     """Extract ``paths`` (directories or files) of ``commit`` into ``dest`` without ownership."""
     dest.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen(
-        ["git", "-C", str(repo), "archive", "--format=tar", commit, "--", *paths], stdout=subprocess.PIPE
-    )
+    proc = gitcmd.popen("-C", str(repo), "archive", "--format=tar", commit, "--", *paths, stdout=subprocess.PIPE)
     assert proc.stdout is not None
     with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
         safetar.extract_all(tar, dest)
@@ -79,7 +78,7 @@ class Trees:
         marker = root / ".complete"
         if not marker.exists():
             shutil.rmtree(root, ignore_errors=True)
-            present = patched_repo.git(self.repo, "ls-tree", "--name-only", self.upstream_commit).split()
+            present = gitcmd.git(self.repo, "ls-tree", "--name-only", self.upstream_commit).split()
             wanted = [p for p in ("tests", "pyproject.toml") if p in present]
             if "tests" not in wanted:
                 raise RuntimeError(f"upstream {self.upstream_commit[:12]} has no tests/ directory")

@@ -28,10 +28,10 @@ import ast
 import hashlib
 import json
 import os
-import subprocess
 import tomllib
 from pathlib import Path
 
+from vllm_overlay import git as gitcmd
 from vllm_overlay.signed_verdicts import SignedVerdicts
 from vllm_overlay.store import Store
 from vllm_overlay.testrun.verdicts import Result, spec_file
@@ -194,10 +194,8 @@ def tests_digest(project_root: Path, specs: list[str]) -> str:
 
 def tool_digest(project_root: Path) -> str:
     """What the tool tests read: every project file but the patch tests, benchmarks and prose."""
-    listed = subprocess.run(
-        ["git", "-C", str(project_root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        capture_output=True,
-        check=False,
+    listed = gitcmd.process(
+        "-C", str(project_root), "ls-files", "-z", "--cached", "--others", "--exclude-standard", capture_output=True
     )
     if listed.returncode == 0:
         rels = [r for r in listed.stdout.decode().split("\0") if r]

@@ -41,7 +41,8 @@ import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from vllm_overlay import atomicfile, gitenv
+from vllm_overlay import atomicfile
+from vllm_overlay import git as gitcmd
 
 RECORD_VERSION = 2  # 2: an import is one pack of its own (1: loose objects)
 
@@ -110,9 +111,8 @@ def files_digest(tree: Path) -> str:
 
 
 def _git(repo: Path, *args: str, stdin: bytes | None = None) -> bytes:
-    done = subprocess.run(
-        ["git", "--git-dir", str(repo), *args], input=stdin, capture_output=True, env=gitenv.environment()
-    )
+    """``git --git-dir repo ARGS`` through the door: its stdout; a failure is a TamperedObject."""
+    done = gitcmd.process("--git-dir", str(repo), *args, input=stdin, capture_output=True)
     if done.returncode != 0:
         raise TamperedObject(f"git {' '.join(args)} failed in {repo}: {done.stderr.decode(errors='replace').strip()}")
     return done.stdout
@@ -201,9 +201,7 @@ def verify_packs(repo: Path) -> None:
     """
     pack_dir = repo / "objects" / "pack"
     for idx in sorted(pack_dir.glob("*.idx")) if pack_dir.is_dir() else []:
-        done = subprocess.run(
-            ["git", "--git-dir", str(repo), "verify-pack", str(idx)], capture_output=True, env=gitenv.environment()
-        )
+        done = gitcmd.process("--git-dir", str(repo), "verify-pack", str(idx), capture_output=True)
         if done.returncode != 0:
             why = done.stderr.decode(errors="replace").strip().splitlines()
             raise TamperedObject(
@@ -223,12 +221,14 @@ def rehash(repo: Path, commit: str) -> tuple[str, list[str]]:
     gitlinks = [path.decode(errors="replace") for mode, kind, _oid, path in entries if kind == "commit"]
     if gitlinks:
         raise TamperedObject(f"the tree holds nested repositories (gitlinks): {', '.join(gitlinks)}")
-    process = subprocess.Popen(
-        ["git", "--git-dir", str(repo), "cat-file", "--batch"],
+    process = gitcmd.popen(
+        "--git-dir",
+        str(repo),
+        "cat-file",
+        "--batch",
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
-        env=gitenv.environment(),
     )
     assert process.stdin is not None and process.stdout is not None
     request = "".join(f"{oid}\n" for oid, _path, _mode in wanted).encode()
@@ -278,17 +278,15 @@ def import_fresh(repo: Path, tree: Path, message: str, identity: dict[str, str])
     (fresh / "info").mkdir(parents=True)
     index = fresh / "index"
     env = dict(
-        gitenv.environment(),
-        **identity,
+        identity,
         GIT_INDEX_FILE=str(index),
         GIT_WORK_TREE=str(tree),
         GIT_OBJECT_DIRECTORY=str(fresh),
         GIT_DIR=str(repo),
-    )
-    env.pop("GIT_ALTERNATE_OBJECT_DIRECTORIES", None)
+    )  # on the isolated environment, which holds no GIT_ALTERNATE_OBJECT_DIRECTORIES
 
     def run(*args: str, stdin: str | None = None) -> str:
-        done = subprocess.run(["git", *args], capture_output=True, env=env, text=True, input=stdin)
+        done = gitcmd.process(*args, capture_output=True, env=env, text=True, input=stdin)
         if done.returncode != 0:
             raise TamperedObject(f"git {' '.join(args[:3])} failed importing {tree}: {done.stderr.strip()}")
         return done.stdout.strip()
@@ -333,8 +331,7 @@ def packed_objects(repo: Path) -> set[str]:
     found: set[str] = set()
     pack_dir = repo / "objects" / "pack"
     for idx in sorted(pack_dir.glob("*.idx")) if pack_dir.is_dir() else []:
-        out = subprocess.run(
-            ["git", "show-index"], stdin=open(idx, "rb"), capture_output=True, env=gitenv.environment()
-        ).stdout.decode()
+        with open(idx, "rb") as index_file:
+            out = gitcmd.process("show-index", stdin=index_file, capture_output=True).stdout.decode()
         found.update(line.split()[1] for line in out.splitlines() if len(line.split()) >= 2)
     return found

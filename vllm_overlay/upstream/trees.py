@@ -17,7 +17,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vllm_overlay import atomicfile, gitenv, output, transfer
+from vllm_overlay import atomicfile, output, transfer
+from vllm_overlay import git as gitcmd
 from vllm_overlay.errors import InputError
 from vllm_overlay.store import UNPACK_PREFIX, Store
 from vllm_overlay.upstream import indexes, objects
@@ -252,9 +253,7 @@ def _version_file_of_tree(tree: Path) -> str | None:
 def version_file_of_commit(repo: Path, commit: str) -> str | None:
     """``commit``'s vllm/_version.py (None: it has none), by one plain git process in ``repo`` (a
     working tree or a git directory)."""
-    from vllm_overlay.apply import patched_repo
-
-    status, text, _err = patched_repo.run(repo, "show", f"{commit}:{VERSION_FILE}")
+    status, text, _err = gitcmd.run(repo, "show", f"{commit}:{VERSION_FILE}")
     if status != 0:
         return None
     return text[:-1] if text.endswith("\n") else text  # as GitPython gave it: one trailing newline less
@@ -268,7 +267,7 @@ def _store_repo(store: Store) -> git.Repo:
         repo = git.Repo.init(store.upstreams_git, bare=True)
     else:
         repo = git.Repo(store.upstreams_git)
-    gitenv.attributes_off(store.upstreams_git)  # an imported tree's .gitattributes converts nothing
+    gitcmd.attributes_off(store.upstreams_git)  # an imported tree's .gitattributes converts nothing
     return repo
 
 
@@ -277,14 +276,12 @@ def _store_git_dir(store: Store) -> Path:
     imported reads it by plain git processes: GitPython is imported only to import one."""
     if not (store.upstreams_git / "HEAD").exists():
         _store_repo(store)
-    gitenv.attributes_off(store.upstreams_git)
+    gitcmd.attributes_off(store.upstreams_git)
     return store.upstreams_git
 
 
 def _tag_commit(git_dir: Path, tag: str) -> str | None:
-    from vllm_overlay.apply import patched_repo
-
-    status, out, _err = patched_repo.run(git_dir, "rev-parse", "--verify", "--quiet", f"refs/tags/{tag}^{{commit}}")
+    status, out, _err = gitcmd.run(git_dir, "rev-parse", "--verify", "--quiet", f"refs/tags/{tag}^{{commit}}")
     return out.strip() if status == 0 else None
 
 
@@ -301,9 +298,9 @@ def import_tree(store: Store, tree: Path, tag: str, message: str) -> str:
 
     with tempfile.TemporaryDirectory(prefix="vllm-overlay-index-") as tmp:
         env = dict(IMPORT_IDENTITY, GIT_INDEX_FILE=str(Path(tmp) / "index"), GIT_WORK_TREE=str(tree))
-        repo.git.execute(["git", "add", "--all", "--force", "--", ".", ":(exclude).git"], env=env)
-        tree_id = repo.git.execute(["git", "write-tree"], env=env)
-        commit = repo.git.execute(["git", "commit-tree", tree_id, "-m", message], env=env)
+        gitcmd.git(store.upstreams_git, "add", "--all", "--force", "--", ".", ":(exclude).git", env=env)
+        tree_id = gitcmd.git(store.upstreams_git, "write-tree", env=env).strip()
+        commit = gitcmd.git(store.upstreams_git, "commit-tree", tree_id, "-m", message, env=env).strip()
     repo.git.tag("--force", tag, commit)
     return commit
 
@@ -637,7 +634,7 @@ def clone_at(
     """Clone the store repository into ``dest`` (which must not exist) and check ``commit`` out as
     the branch ``patched``; ``add_objects`` may first put more objects into the clone's git directory
     (a kept build's pack: ``kept_builds``); ``only`` narrows the checkout (``narrow.narrow``)."""
-    from vllm_overlay.apply import narrow, patched_repo
+    from vllm_overlay.apply import narrow
 
     if dest.exists():
         raise FileExistsError(dest)
@@ -645,11 +642,11 @@ def clone_at(
     # No explicit --local: with it git dies ("Invalid cross-device link") where the cache and the
     # output lie on different file systems; without it a local path still clones locally,
     # hardlinking objects where it can and copying them where it cannot.
-    patched_repo.git(dest.parent, "clone", "--quiet", "--no-checkout", "--", str(store.upstreams_git), str(dest))
+    gitcmd.git(dest.parent, "clone", "--quiet", "--no-checkout", "--", str(store.upstreams_git), str(dest))
     shutil.rmtree(dest / ".git" / "hooks", ignore_errors=True)
-    gitenv.attributes_off(dest / ".git")  # the working tree is the committed tree, byte for byte
+    gitcmd.attributes_off(dest / ".git")  # the working tree is the committed tree, byte for byte
     if add_objects is not None:
         add_objects(dest / ".git")
     if only:
         narrow.narrow(dest, commit, only)
-    patched_repo.git(dest, "checkout", "--quiet", "-B", "patched", commit)
+    gitcmd.git(dest, "checkout", "--quiet", "-B", "patched", commit)

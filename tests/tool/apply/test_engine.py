@@ -12,8 +12,8 @@ import pytest
 from tests.tool.helpers.apply_runs import run_apply, statuses
 from tests.tool.helpers.repos import change_line_20, replace_line, write_upstream
 from vllm_overlay import cli, series
+from vllm_overlay import git as gitcmd
 from vllm_overlay.apply import engine as apply
-from vllm_overlay.apply import patched_repo
 
 
 def variant(tmp_path: Path, name: str, edit) -> Path:
@@ -299,13 +299,13 @@ def test_the_patch_file_trailers_of_a_stretch_are_the_ones_git_adds_to_each_mail
     ]
     mails = apply.write_mails(patches, tmp_path / "together")
     started: list[tuple[str, ...]] = []
-    real_git = patched_repo.git
+    real_git = gitcmd.git
 
     def counted(tree: Path, *args: str, **kwargs: object) -> str:
         started.append(args)
         return real_git(tree, *args, **kwargs)
 
-    monkeypatch.setattr(patched_repo, "git", counted)
+    monkeypatch.setattr(gitcmd, "git", counted)
     together = apply._mails_with_trailer(tmp_path, patches, mails)
     assert [mail.read_bytes() for mail in together] == [mail.read_bytes() for mail in alone]
     assert [args[0] for args in started] == ["interpret-trailers"] * 3  # p0 and p3 together, p1 and p2 alone

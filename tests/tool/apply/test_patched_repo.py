@@ -10,6 +10,7 @@ import pytest
 
 from tests.tool.helpers.apply_runs import run_apply
 from tests.tool.helpers.repos import change_line_20, git, replace_line
+from vllm_overlay import git as gitcmd
 from vllm_overlay import series
 from vllm_overlay.apply import patched_repo
 
@@ -120,7 +121,7 @@ def test_changed_files_of_a_commit_and_between_commits(repo):
 
 
 def test_git_failure_names_the_command_and_stays_a_called_process_error(repo):
-    with pytest.raises(patched_repo.GitError, match=r"git rev-parse no-such\^\{tree\} in .*patched") as caught:
+    with pytest.raises(gitcmd.GitError, match=r"git rev-parse no-such\^\{tree\} in .*patched") as caught:
         patched_repo.tree_id(repo, "no-such")
     assert isinstance(caught.value, subprocess.CalledProcessError)
 

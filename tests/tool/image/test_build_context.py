@@ -135,3 +135,21 @@ def test_image_staging_never_replaces_a_users_directory(image_project, upstream_
     do_stage(image_project)  # empty: staged
     do_stage(image_project)  # what an earlier stage wrote: replaced
     assert (context / "Dockerfile").is_file()
+
+
+def test_a_failed_git_call_is_an_image_error_with_gits_message(
+    image_project, make_patch, upstream_dir, store_env, monkeypatch
+):
+    """Reading the patched tree and its layers: git's own message, the command and the tree, as an ImageError."""
+    from vllm_overlay import git as gitcmd
+    from vllm_overlay.apply import patched_repo
+
+    two_series(make_patch, upstream_dir)
+    assert run_apply(image_project, upstream_dir)[0] == 0
+
+    def broken(repo: Path, commit: str) -> list:
+        raise gitcmd.GitError(Path(repo), ("diff-tree", commit), 128, b"fatal: bad object\n")
+
+    monkeypatch.setattr(patched_repo, "commit_changes", broken)
+    with pytest.raises(build_context.ImageError, match=r"^git diff-tree \w+ in .*patched: fatal: bad object$"):
+        do_stage(image_project)
