@@ -17,6 +17,7 @@ from pathlib import Path
 from vllm_overlay import series
 from vllm_overlay.apply import engine as apply
 from vllm_overlay.apply import run as apply_run
+from vllm_overlay.errors import InputError
 from vllm_overlay.store import Store
 from vllm_overlay.upstream import lock as lockfile
 from vllm_overlay.upstream import trees as upstream_trees
@@ -43,6 +44,17 @@ def carried_lines(root: Path) -> list[CarriedLine]:
     if cpu_lock.is_file() and (cpu_patches / "series").is_file():
         lines.append(CarriedLine(CPU, cpu_lock, cpu_patches))
     return lines
+
+
+def parse_line_specs(values: list[str], known: list[str]) -> dict[str, str]:
+    """``--line-upstream LINE=SPEC`` values as line -> spec; a line the project does not carry is an input error."""
+    specs: dict[str, str] = {}
+    for value in values:
+        name, sep, spec = value.partition("=")
+        if not sep or not spec or name not in known:
+            raise InputError(f"--line-upstream {value!r}: give LINE=UPSTREAM with LINE one of: {', '.join(known)}")
+        specs[name] = spec
+    return specs
 
 
 @dataclass(frozen=True)

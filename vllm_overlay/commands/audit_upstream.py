@@ -62,19 +62,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def line_specs(values: list[str], known: list[str]) -> dict[str, str]:
-    """``--line-upstream`` values as line -> spec; a line the project does not carry is an input error."""
-    from vllm_overlay.errors import InputError
-
-    specs: dict[str, str] = {}
-    for value in values:
-        name, sep, spec = value.partition("=")
-        if not sep or not spec or name not in known:
-            raise InputError(f"--line-upstream {value!r}: give LINE=UPSTREAM with LINE one of: {', '.join(known)}")
-        specs[name] = spec
-    return specs
-
-
 def run(args: argparse.Namespace) -> int:
     from vllm_overlay import report, series
     from vllm_overlay.audit import lines, session
@@ -87,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     the_lock = lock.load(proj.lock_file)
     patches = series.load_series(proj.patches)
     others = lines.carried_lines(proj.root)[1:]
-    specs = line_specs(args.line_upstream, [line.name for line in others])
+    specs = lines.parse_line_specs(args.line_upstream, [line.name for line in others])
     dates = {} if args.offline else upstream_trees.release_dates(the_lock.project)
     result = session.run_audit(
         patches,

@@ -154,12 +154,14 @@ def _drop_step(args: argparse.Namespace, proj: project.Project, upstream: Upstre
     """
     from vllm_overlay import bump, drops
     from vllm_overlay.audit import lines
-    from vllm_overlay.commands.audit_upstream import line_specs
 
-    specs = line_specs(args.line_upstream, [line.name for line in lines.carried_lines(proj.root)[1:]])
+    specs = lines.parse_line_specs(args.line_upstream, [line.name for line in lines.carried_lines(proj.root)[1:]])
     plan = drops.plan(proj.root, upstream, store, specs)
     for name in plan.held:
-        output.info(f"kept: {name}: {plan.summary(name)}")
+        output.warn(
+            f"kept: {name}: {plan.summary(name)}; {plan.version} already has it, so git am stops at it "
+            "(nothing left to apply) until every carried line has the fix"
+        )
     if not args.drop:
         if plan.drop:
             raise bump.BumpError(
