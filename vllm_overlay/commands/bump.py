@@ -179,9 +179,9 @@ def _drop_step(args: argparse.Namespace, proj: project.Project, upstream: Upstre
         output.result(f"dropped: {name} (Applied-Upstream: {plan.version}; {plan.summary(name)})")
     output.result(f"{len(changed)} file(s) changed: {', '.join(changed)}")
     output.result(
-        f"its tests now test the upstream behaviour: run them on {plan.version} once the lock moves there "
-        "(scripts/apply-patches, then scripts/with-patched-vllm --tree build/patched -- "
-        f"python -m pytest {drops.UPSTREAM_BEHAVIOUR.as_posix()}); commit the drop, then scripts/bump {args.version}"
+        f"its tests now test the upstream behaviour: once the lock is on {plan.version}, run them with the test "
+        f"environment's interpreter (<cache>/envs/<key>/bin/python -m pytest {drops.UPSTREAM_BEHAVIOUR.as_posix()}); "
+        f"commit the drop, then scripts/bump {args.version}"
     )
     return True
 
