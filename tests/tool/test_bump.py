@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import signal
 import subprocess
 
@@ -220,8 +221,9 @@ def test_bump_never_touches_a_repository_it_did_not_make(project, command, tmp_p
     assert snapshot(project) == project_before
 
 
+# Only bump's own git am in build/bump stops: the drop check before it applies the series in a scratch tree.
 STOP_AT_AM = """#!/bin/sh
-if [ "$1" = am ] && [ "$2" = --3way ]; then echo $$ > "{marker}"; exec sleep 30; fi
+if [ "$1" = am ] && [ "$2" = --3way ] && [ "${{PWD##*/}}" = bump ]; then echo $$ > "{marker}"; exec sleep 30; fi
 exec {git} "$@"
 """
 
@@ -250,3 +252,64 @@ def test_an_interrupted_bump_ends_its_git_and_abort_then_cleans_up(project, comm
     assert snapshot(project) == before
     assert run("--abort") == 0
     assert not repo_dir.exists() and snapshot(project) == before
+
+
+@pytest.fixture
+def two_lines(project, make_patch, tmp_path, store_env, monkeypatch):
+    """Two patches and a CPU carry of both; the next release has both fixes, the CPU line's next only one."""
+
+    def landed(number):
+        return lambda t: replace_line(t / "vllm" / "core.py", f"line_{number} = {number}\n", f"line_{number} = 0\n")
+
+    old = write_upstream(tmp_path / "old")
+    make_patch(old, landed(35), "everywhere", series="landed")
+    make_patch(old, landed(10), "locked only", series="held")
+    (project / "cpu").mkdir()
+    shutil.copy(project / "upstream.lock", project / "cpu" / "upstream.lock")
+    shutil.copytree(project / "patches", project / "cpu" / "patches")
+    new, cpu_next = write_upstream(tmp_path / "new"), write_upstream(tmp_path / "cpu-next")
+    landed(35)(new), landed(10)(new), landed(35)(cpu_next)
+    the_lock, store = lock.load(project / "upstream.lock"), Store()
+    old_up = upstream_trees.obtain(str(old), the_lock, store)
+    release = dataclasses.replace(upstream_trees.obtain(str(new), the_lock, store), kind="release", version="0.34.0")
+    cpu_up = upstream_trees.obtain(str(cpu_next), the_lock, store)
+    by_spec = {None: old_up, "cpu-next": cpu_up}
+    monkeypatch.setattr(upstream_trees, "obtain", lambda spec, lk, st: by_spec.get(spec, release))
+
+    def run(*args):
+        return cli.main(["bump", "--project", str(project), *args])
+
+    return run
+
+
+def test_a_fix_on_one_line_only_is_not_dropped(project, two_lines):
+    before = snapshot(project)
+    assert two_lines("0.34.0", "--drop") == 0  # the CPU line, on its own lock, has neither fix
+    after = snapshot(project)
+    assert set(after) == set(before)  # no file left the series; the held patches' headers say what was found
+    for name in ("landed/everywhere.patch", "held/locked-only.patch"):
+        assert series.load_patch(project / "patches", name).value("Applied-Upstream") == "0.34.0 (locked line)"
+    assert "landed/everywhere.patch" in (project / "patches" / "series").read_text()
+    assert (project / "tests" / "patches" / "landed" / "test_demo.py").is_file()
+    assert not (project / "tests" / "upstream-behaviour").exists()
+
+
+def test_a_fix_on_every_line_is_proposed_then_dropped_as_its_own_step(project, two_lines, capsys):
+    before = snapshot(project)
+    assert two_lines("0.34.0", "--line-upstream", "cpu=cpu-next") == 1  # proposed: nothing changed yet
+    said = capsys.readouterr().err
+    assert "landed/everywhere.patch: locked 0.34.0: has it / cpu" in said and "--drop" in said
+    assert snapshot(project) == before and not (project / "build" / "bump").exists()
+    assert two_lines("0.34.0", "--drop", "--line-upstream", "cpu=cpu-next") == 0
+    for patches in (project / "patches", project / "cpu" / "patches"):
+        assert "landed/everywhere.patch" not in (patches / "series").read_text()
+        assert not (patches / "landed").exists() and (patches / "held" / "locked-only.patch").is_file()
+    assert not (project / "tests" / "patches" / "landed" / "test_demo.py").exists()
+    assert (project / "tests" / "upstream-behaviour" / "landed" / "test_demo.py").is_file()
+    log = (project / "docs" / "drops.md").read_text()
+    assert "| landed/everywhere.patch | 0.34.0 | locked 0.34.0: has it / cpu" in log
+    assert "tests/upstream-behaviour/landed/test_demo.py |" in log
+    held = series.load_patch(project / "patches", "held/locked-only.patch")
+    assert held.value("Applied-Upstream") == "0.34.0 (locked line)"
+    assert held.value("Forwarded").startswith("not-needed (upstream has the fix; carried only for: cpu ")
+    assert series.load_patch(project / "cpu" / "patches", "held/locked-only.patch").value("Applied-Upstream") is None

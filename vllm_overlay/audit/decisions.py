@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
 from vllm_overlay.apply.engine import PatchResult, Status
-from vllm_overlay.audit import dependencies, review, targets
+from vllm_overlay.audit import dependencies, lines, review, targets
 from vllm_overlay.series import Patch
 
 
@@ -48,6 +48,7 @@ class AuditRow:
     unresolved_names: list[str] = field(default_factory=list)  # merged, but uses what the tree lacks
     moved_targets: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)  # each carried line: has the fix, lacks it, does not carry it
     brief: str = field(default="", repr=False)  # the reason as the markdown table shows it
 
     def to_json(self) -> dict[str, object]:
@@ -92,6 +93,26 @@ class Findings:
 
 
 MARKDOWN_HUNKS = 3
+
+
+def hold_for_lines(row: AuditRow, checks: list[lines.LineCheck]) -> None:
+    """Apply the drop rule across carried lines: a patch leaves patches/ only when every line that carries it has it.
+
+    A ``drop`` row whose fix some carried line still lacks becomes ``keep`` (that line still needs
+    the patch); the per-line answers are recorded on every row and named in the reason of any row
+    where some line has the fix.
+    """
+    row.lines = [str(check) for check in checks]
+    if not any(check.has_it for check in checks):
+        return
+    summary = lines.verdict(checks)
+    if row.decision is Decision.DROP and not lines.every_line_has_it(checks):
+        row.decision = Decision.KEEP
+        row.reason = f"{summary}: kept until every carried line has the fix"
+        row.brief = row.reason
+        return
+    row.reason = f"{row.reason}; {summary}"
+    row.brief = f"{row.brief}; {summary}" if row.brief else row.reason
 
 
 def decide(
@@ -198,10 +219,19 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def markdown(rows: list[AuditRow], old: str, new: str) -> str:
+def markdown(rows: list[AuditRow], old: str, new: str, carried: Mapping[str, str] | None = None) -> str:
+    """The audit table; ``carried``: each carried line and the upstream it was checked on."""
     lines = [
         f"# Series audit: {old} -> {new}",
         "",
+    ]
+    if carried and len(carried) > 1:
+        lines += [
+            "Carried lines checked (a patch is dropped only when every line that carries it has the fix): "
+            + ", ".join(f"{name} {where}" for name, where in carried.items()),
+            "",
+        ]
+    lines += [
         "| patch | status | decision | reason | Forwarded | Applied-Upstream | Last-Update (releases since) |",
         "|---|---|---|---|---|---|---|",
     ]

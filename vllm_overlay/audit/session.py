@@ -15,7 +15,7 @@ import git
 from vllm_overlay.apply import engine as apply
 from vllm_overlay.apply import patched_repo
 from vllm_overlay.apply import run as apply_run
-from vllm_overlay.audit import decisions, dependencies, review, targets
+from vllm_overlay.audit import decisions, dependencies, lines, review, targets
 from vllm_overlay.series import Patch
 from vllm_overlay.store import Store
 from vllm_overlay.upstream import trees as upstream_trees
@@ -115,6 +115,9 @@ def range_diff(old_repo: Path, new_repo: Path) -> str:
     new.git.fetch("--quiet", "--no-tags", str(old_repo), "+HEAD:refs/vllm-overlay/old-series")
     old_base = patched_repo.upstream_base(old_repo)
     new_base = patched_repo.upstream_base(new)
+    if new.git.rev_parse("HEAD") == new.git.rev_parse(new_base):
+        # git range-diff refuses an empty range: no patch became a commit on the new upstream.
+        return "no patch of the series became a commit on the new upstream (each is there already or did not apply)\n"
     plain = new.git.range_diff(
         "--no-color", f"{old_base}..refs/vllm-overlay/old-series", f"{new_base}..HEAD", strip_newline_in_stdout=False
     )
@@ -144,6 +147,7 @@ class AuditResult:
     rows: list[decisions.AuditRow]
     range_diff: str
     seconds: dict[str, float] = field(default_factory=dict)  # wall time per phase
+    lines: dict[str, str] = field(default_factory=dict)  # carried line -> the upstream it was checked on
 
 
 class _Clock:
@@ -166,8 +170,13 @@ def run_audit(
     release_dates: dict[str, dt.date] | None,
     progress: Progress | None = None,
     old_spec: str | None = None,
+    other_lines: list[tuple[lines.CarriedLine, str | None]] | None = None,
 ) -> AuditResult:
-    """Apply the series to the old upstream (default: the lock) and to the new one (3-way allowed)."""
+    """Apply the series to the old upstream (default: the lock) and to the new one (3-way allowed).
+
+    ``other_lines``: the other upstream lines the project carries (the CPU carry), each with the
+    upstream to check it on (None: its own lock's). The locked line is checked on the new upstream.
+    """
     clock = _Clock()
     old = upstream_trees.obtain(old_spec, lock, store)
     new = upstream_trees.obtain(spec, lock, store)
@@ -182,11 +191,34 @@ def run_audit(
         found = findings(store, old, new, patches, report, old_report, old_dir, new_dir)
         clock.lap("conflicts, broken merges, moved targets")
         rows = _audit_rows(patches, report, drift, deps, found, new, release_dates, max_age_releases)
+        checked = _hold_for_lines(rows, patches, report, new, store, other_lines or [])
+        clock.lap("carried lines")
         diff = range_diff(old_dir, new_dir)
         clock.lap("range-diff")
     clock.lap("remove the scratch trees")
     clock.seconds["total"] = round(sum(clock.seconds.values()), 2)
-    return AuditResult(old, new, report, rows, diff, clock.seconds)
+    return AuditResult(old, new, report, rows, diff, clock.seconds, checked)
+
+
+def _hold_for_lines(
+    rows: list[decisions.AuditRow],
+    patches: list[Patch],
+    report: apply.Report,
+    new: upstream_trees.Upstream,
+    store: Store,
+    other_lines: list[tuple[lines.CarriedLine, str | None]],
+) -> dict[str, str]:
+    """Check every carried line for each patch's fix and apply the drop rule to the rows."""
+    names = [patch.name for patch in patches]
+    per_line = [lines.checks_from_report(lines.LOCKED, new, report, names)]
+    checked = {lines.LOCKED: lines.label(new)}
+    for line, spec in other_lines:
+        upstream, checks = lines.check_line(line, spec, store, names)
+        per_line.append(checks)
+        checked[line.name] = lines.label(upstream)
+    for row in rows:
+        decisions.hold_for_lines(row, [checks[row.patch] for checks in per_line])
+    return checked
 
 
 def _apply_on_both(

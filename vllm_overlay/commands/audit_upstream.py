@@ -9,6 +9,13 @@ between the two upstreams by AST, and writes one row per patch:
     drop      upstream already carries the change (the patch reverse-applies)
     resolve   conflict or missing target file: needs a person
 
+The project carries the series on more than one upstream line (the locked release and, where
+cpu/upstream.lock and cpu/patches exist, the CPU carry). A patch that reverse-applies on the new
+upstream is "drop" only when every carried line has the fix too: each line's own series is
+applied onto that line's upstream (--line-upstream cpu=VERSION|DIR|REPO@REV, default its own
+lock), and a row says per line "has it", "lacks it" or "does not carry it"; a fix one line
+still lacks keeps the patch.
+
 plus what the DEP-3 Forwarded / Applied-Upstream headers say, and a warning for a patch whose
 Last-Update is older than --max-age-releases upstream releases. Also writes the git range-diff
 of the series between the two upstreams.
@@ -46,11 +53,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, default=None, help="write the audit (JSON) here")
     parser.add_argument("--range-diff", type=Path, default=None, help="write the git range-diff here")
     parser.add_argument("--offline", action="store_true", help="do not ask the index for release dates")
+    parser.add_argument(
+        "--line-upstream",
+        action="append",
+        default=[],
+        metavar="LINE=VERSION|DIR|REPO@REV",
+        help="check a carried line (cpu) on this upstream instead of its own lock's (repeatable)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from vllm_overlay import report, series
-    from vllm_overlay.audit import session
+    from vllm_overlay.audit import lines, session
     from vllm_overlay.audit.decisions import Decision, markdown
     from vllm_overlay.store import Store
     from vllm_overlay.upstream import lock
@@ -59,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
     proj = project.from_args(args)
     the_lock = lock.load(proj.lock_file)
     patches = series.load_series(proj.patches)
+    others = lines.carried_lines(proj.root)[1:]
+    specs = lines.parse_line_specs(args.line_upstream, [line.name for line in others])
     dates = {} if args.offline else upstream_trees.release_dates(the_lock.project)
     result = session.run_audit(
         patches,
@@ -69,8 +85,9 @@ def run(args: argparse.Namespace) -> int:
         dates,
         progress=lambda i, n, name: output.info(f"[{i}/{n}] {name}"),
         old_spec=args.old,
+        other_lines=[(line, specs.get(line.name)) for line in others],
     )
-    table = markdown(result.rows, result.old.label, result.new.label)
+    table = markdown(result.rows, result.old.label, result.new.label, result.lines)
     output.result(table)
     if args.markdown:
         atomicfile.write_bytes(args.markdown, table.encode("utf-8"))
@@ -81,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
                 "new": result.new.to_json(),
                 "rows": [row.to_json() for row in result.rows],
                 "seconds": result.seconds,
+                "lines": result.lines,
             },
             args.json,
         )

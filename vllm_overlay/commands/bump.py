@@ -3,6 +3,15 @@
     scripts/bump 0.34.0          apply the series with git am --3way into build/bump
     scripts/bump --continue      after resolving a conflict there (git add the files)
     scripts/bump --abort         give up; restores patches/ and upstream.lock if the bump changed them
+    scripts/bump 0.34.0 --drop   the drop step: take out the patches every carried line already has
+
+Before it applies anything, bump checks every carried line for each patch's fix (the locked line
+on the new release, the CPU carry on its own upstream or --line-upstream cpu=VERSION|DIR|REPO@REV),
+by applying each line's series there. A patch every line that carries it already has is proposed
+for drop and the bump stops (exit 1) until the drop is done as a step of its own: --drop removes
+it from patches/ (and cpu/patches), moves its tests to tests/upstream-behaviour/<series>/, records
+it in docs/drops.md with Applied-Upstream, and sets Applied-Upstream / Forwarded on a patch that
+only some lines have; commit that, then run the bump again.
 
 --continue refuses while a changed file still holds conflict markers, and names them. A release
 older than the lock needs --allow-downgrade. Resolutions are recorded (git rerere, kept in
@@ -27,10 +36,15 @@ from __future__ import annotations
 import argparse
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from vllm_overlay import output, project
 from vllm_overlay.errors import InputError, Interrupted, WorkFailure
 from vllm_overlay.upstream import indexes
+
+if TYPE_CHECKING:
+    from vllm_overlay.store import Store
+    from vllm_overlay.upstream.trees import Upstream
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,6 +56,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repo", type=Path, default=None, help="working repository (default: build/bump)")
     parser.add_argument("--no-test", action="store_true", help="do not run test-patches after re-locking")
     parser.add_argument("--allow-downgrade", action="store_true", help="allow a release older than the locked one")
+    parser.add_argument(
+        "--drop", action="store_true", help="only the drop step: remove the patches every carried line already has"
+    )
+    parser.add_argument(
+        "--line-upstream",
+        action="append",
+        default=[],
+        metavar="LINE=VERSION|DIR|REPO@REV",
+        help="check a carried line (cpu) on this upstream instead of its own lock's (repeatable)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -77,6 +101,8 @@ def _run(args: argparse.Namespace, proj: project.Project, repo_dir: Path) -> int
     store = Store()
     if sum([bool(args.version), args.resume, args.abort]) != 1:
         raise InputError("give exactly one of: VERSION, --continue, --abort")
+    if args.drop and not args.version:
+        raise InputError("--drop needs the VERSION the series moves to")
     # A refused or stopped bump (bump.BumpError) ends in cli.main: exit 1; a foreign --repo there: exit 2.
     if args.abort:
         for line in bump.abort(repo_dir, proj.patches, proj.lock_file):
@@ -92,6 +118,8 @@ def _run(args: argparse.Namespace, proj: project.Project, repo_dir: Path) -> int
         if upstream.kind not in ("release", "locked"):
             raise InputError("bump needs a published release number; use audit-upstream for directories and git")
         bump.check_direction(the_lock.version, upstream.version or args.version, args.allow_downgrade)
+        if _drop_step(args, proj, upstream, store):
+            return 0
         patches = series.load_series(proj.patches)
         output.info(f"applying {len(patches)} patches onto {upstream.label} with git am --3way in {repo_dir}")
         locked = upstream_trees.obtain(None, the_lock, store)
@@ -117,6 +145,45 @@ def _run(args: argparse.Namespace, proj: project.Project, repo_dir: Path) -> int
             f"the refreshed series stays in {repo_dir} (fix it there, then scripts/bump --continue, or --abort)"
         )
     return 0
+
+
+def _drop_step(args: argparse.Namespace, proj: project.Project, upstream: Upstream, store: Store) -> bool:
+    """Check every carried line for each patch's fix; with --drop take out those all lines have (True: done).
+
+    Without --drop, a patch every line has stops the bump with the proposal (BumpError, exit 1).
+    """
+    from vllm_overlay import bump, drops
+    from vllm_overlay.audit import lines
+
+    specs = lines.parse_line_specs(args.line_upstream, [line.name for line in lines.carried_lines(proj.root)[1:]])
+    plan = drops.plan(proj.root, upstream, store, specs)
+    for name in plan.held:
+        output.warn(
+            f"kept: {name}: {plan.summary(name)}; {plan.version} already has it, so git am stops at it "
+            "(nothing left to apply) until every carried line has the fix"
+        )
+    if not args.drop:
+        if plan.drop:
+            raise bump.BumpError(
+                f"{len(plan.drop)} patch(es) every carried line already has, to drop as a step of its own first:\n"
+                + "\n".join(f"  {name}: {plan.summary(name)}" for name in plan.drop)
+                + f"\nrun: scripts/bump {args.version} --drop   (then commit it, and run scripts/bump {args.version})"
+            )
+        return False
+    changed = drops.apply_plan(proj.root, plan)
+    if not plan.drop:
+        output.result("nothing to drop: no patch is upstream on every carried line")
+        output.result(f"{len(changed)} file(s) changed: {', '.join(changed)}" if changed else "nothing changed")
+        return True
+    for name in plan.drop:
+        output.result(f"dropped: {name} (Applied-Upstream: {plan.version}; {plan.summary(name)})")
+    output.result(f"{len(changed)} file(s) changed: {', '.join(changed)}")
+    output.result(
+        f"its tests now test the upstream behaviour: once the lock is on {plan.version}, run them with the test "
+        f"environment's interpreter (<cache>/envs/<key>/bin/python -m pytest {drops.UPSTREAM_BEHAVIOUR.as_posix()}); "
+        f"commit the drop, then scripts/bump {args.version}"
+    )
+    return True
 
 
 def _test_patches(proj: project.Project) -> int:
