@@ -21,12 +21,12 @@ CPU carry on its own upstream. A patch that every line carrying it has is propos
 from __future__ import annotations
 
 import shutil
-import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vllm_overlay import gitenv, series
+from vllm_overlay import git as gitcmd
+from vllm_overlay import series
 from vllm_overlay.apply import engine as apply
 from vllm_overlay.apply import run as apply_run
 from vllm_overlay.audit import lines
@@ -119,10 +119,10 @@ def _move_tests(root: Path, patch: series.Patch, still_listed: set[str]) -> list
 
 def set_trailers(patch_file: Path, values: dict[str, str]) -> None:
     """Write trailers into a patch file in place (replacing any of the same key), as git writes them."""
-    command = ["git", "interpret-trailers", "--in-place", "--if-exists", "replace"]
+    arguments = ["interpret-trailers", "--in-place", "--if-exists", "replace"]
     for key, value in values.items():
-        command += ["--trailer", f"{key}: {value}"]
-    subprocess.run([*command, str(patch_file)], check=True, capture_output=True, env=gitenv.environment())
+        arguments += ["--trailer", f"{key}: {value}"]
+    gitcmd.process(*arguments, str(patch_file), check=True, capture_output=True)
 
 
 def _carry_was_current(root: Path) -> bool:
