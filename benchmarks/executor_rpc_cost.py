@@ -144,6 +144,17 @@ def main() -> int:
             value = statistics.median(r[tp] for r in results[side])
             line += f"  {side} {value:7.1f} us ({value - pristine:+6.1f} us)"
         print(line)
+    # Paired within each round (the sides ran one after the other): the
+    # median difference and in how many rounds the patched side was slower.
+    # Where the sign follows no side, the rounds do not tell them apart.
+    print(f"paired by round ({args.rounds} rounds):")
+    for tp in args.tp:
+        line = f"  TP={tp}:"
+        for side in [s for s in results if s != "pristine"]:
+            diffs = [r[tp] - p[tp] for r, p in zip(results[side], results["pristine"], strict=True)]
+            slower = sum(d > 0 for d in diffs)
+            line += f"  {side} {statistics.median(diffs):+6.1f} us, slower in {slower}/{len(diffs)} rounds"
+        print(line)
     # On a shared machine some rounds are slowed by other work; the least
     # disturbed round of each side is the closest to an idle machine.
     print(f"fastest round of {args.rounds}:")
