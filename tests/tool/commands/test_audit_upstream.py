@@ -52,10 +52,10 @@ def audited(monkeypatch):
         recorded.dates_asked.append(project)
         return {"0.34.0": "2026-12-01"}
 
-    def fake_run_audit(patches, the_lock, store, spec, max_age, dates, progress=None, old_spec=None):
+    def fake_run_audit(patches, the_lock, store, spec, max_age, dates, progress=None, old_spec=None, other_lines=None):
         recorded.calls.append(
             {"patches": patches, "lock": the_lock, "store": store.root, "spec": spec, "max_age": max_age}
-            | {"dates": dates, "old_spec": old_spec}
+            | {"dates": dates, "old_spec": old_spec, "other_lines": other_lines}
         )
         recorded.indexes_read.append(indexes.configured())
         progress(1, 1, "demo/a.patch")
@@ -65,6 +65,7 @@ def audited(monkeypatch):
             rows=recorded.rows,
             range_diff="1:  aaa = 1:  bbb core: change line 20\n",
             seconds={"obtain upstreams": 1.5, "apply": 0.5},
+            lines={"locked": "0.34.0"},
         )
 
     monkeypatch.setattr(upstream_trees, "release_dates", fake_release_dates)
@@ -103,6 +104,7 @@ def test_defaults_reach_run_audit(project, store_env, make_patch, upstream_dir, 
             "max_age": 3,
             "dates": {"0.34.0": "2026-12-01"},
             "old_spec": None,
+            "other_lines": [],  # the project carries no other line (no cpu/)
         }
     ]
 
@@ -142,6 +144,7 @@ def test_the_reports_are_written_where_the_flags_say(project, store_env, audited
         "new": upstream("0.34.0").to_json(),
         "rows": [audited.rows[0].to_json()],
         "seconds": {"obtain upstreams": 1.5, "apply": 0.5},
+        "lines": {"locked": "0.34.0"},
     }
     captured = capsys.readouterr()
     assert captured.out == table + "\n"  # the range-diff went to its file, not to stdout

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.tool.helpers.cli import verb_help
-from vllm_overlay import bump, cli, interrupts
+from vllm_overlay import bump, cli, drops, interrupts
 from vllm_overlay.commands import bump as bump_command
 from vllm_overlay.upstream import lock
 from vllm_overlay.upstream import trees as upstream_trees
@@ -124,6 +124,9 @@ def test_allow_downgrade_reaches_the_direction_check(project, store_env, capsys,
         raise bump.BumpError("stopped at a conflict in demo/a.patch")
 
     monkeypatch.setattr(bump, "start", fake_start)
+    # The drop check between the direction check and the start: nothing to drop (it would apply the
+    # series onto the stand-in upstream, which no cache holds).
+    monkeypatch.setattr(drops, "plan", lambda root, new, store, specs=None: drops.DropPlan("0.1.0"))
     repo = tmp_path / "bump-here"
     argv = ["bump", "--project", str(project), "0.1.0", "--repo", str(repo), *(["--allow-downgrade"] if allow else [])]
     assert cli.main(argv) == 1
