@@ -61,7 +61,7 @@ def _overlay_site(tmp_path: Path) -> Path:
     every file of the package, sealed as staging seals it."""
     site = tmp_path / "overlay-site"
     shutil.copytree(OVERLAY, site, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(REPO_ROOT / "vllm_overlay" / "record.py", site / "vllm_overlay_status" / "_record.py")
+    shutil.copy(REPO_ROOT / "vllm_overlay" / "env" / "record.py", site / "vllm_overlay_status" / "_record.py")
     the_lock = lock.load(REPO_ROOT / "upstream.lock")
     manifest = {"format": 1, "upstream": {"project": "vllm", "version": the_lock.version, "commit": the_lock.commit},
                 "series_sha256": "", "series": [], "files": {}, "overlay_files": {}, "unshipped": []}  # fmt: skip
