@@ -45,6 +45,12 @@ DIFFERENCES = intended_differences(HERE / "oracle-differences.toml")
 SEQUENCE_BOUND_S = 120.0
 CI_EXAMPLES = 30
 DEEP_EXAMPLES = 300
+# A hang is an outcome against a wall-clock bound (UTILITY_BOUND_S, REQUEST_BOUND_S), and each
+# sequence starts two engines at once: on a loaded 2-core machine one of them can miss a bound
+# once (seen once in CI-like runs: a collective_rpc after slow steps, "stalled" with nothing
+# held; its replay passed). A sequence whose only problems are hangs is run again, this many
+# times; it is a violation when a re-run still shows a problem, and a note when none does.
+HANG_RERUNS = 2
 
 configs = st.fixed_dictionaries({"max_num_seqs": st.integers(min_value=1, max_value=4)})
 adds = st.fixed_dictionaries(
@@ -92,6 +98,12 @@ def test_engine_core_busy_loop_matches_pristine(sides, config, ops):
     request = {"config": config, "ops": ops}
     pristine, patched = sides.run(request, SEQUENCE_BOUND_S)
     problems = judge(config, ops, pristine, patched, DIFFERENCES)
+    for rerun in range(1, HANG_RERUNS + 1):
+        if not problems or not all(_is_a_hang(kind) for kind, _ in problems):
+            break
+        note(f"re-run {rerun} of a sequence whose only problems were hangs: {[kind for kind, _ in problems]}")
+        pristine, patched = sides.run(request, SEQUENCE_BOUND_S)
+        problems = judge(config, ops, pristine, patched, DIFFERENCES)
     if problems:
         note("sequence: " + json.dumps(request))
         note("pristine problems: " + json.dumps(correctness_problems(ops, pristine)))
@@ -100,6 +112,11 @@ def test_engine_core_busy_loop_matches_pristine(sides, config, ops):
         # One exception type per kind of break: hypothesis then keeps distinct
         # defects apart and shrinks each to its own minimal example.
         raise violation(problems[0][0])("\n".join(message for _, message in problems))
+
+
+def _is_a_hang(kind: str) -> bool:
+    """A problem decided by a wall-clock bound: an outcome that did not come in time."""
+    return "hang" in kind or "did not finish" in kind
 
 
 def replay(request: dict) -> list[tuple[str, str]]:
