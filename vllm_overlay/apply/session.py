@@ -54,7 +54,6 @@ def run(proj: project.Project, request: Request) -> int:
 
 
 def _run(request: Request, proj: project.Project, target: Path) -> int:
-
     # Input errors (lock, series, upstream, an output this tool did not publish) end in cli.main: exit 2.
     the_lock = lock.load(proj.lock_file)
     store = Store(wait=request.wait)  # --no-wait: the cache's locks too, not only the output's
