@@ -1,0 +1,1 @@
+"""The CPU line: the series carried onto the CPU runtime's release (carry, recarry) and that runtime (runtime)."""
