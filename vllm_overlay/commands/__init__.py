@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import ast
 import importlib.util
 
@@ -13,3 +14,14 @@ def docstring_of(module: str) -> str | None:
         return None
     with open(spec.origin, encoding="utf-8") as handle:
         return ast.get_docstring(ast.parse(handle.read(), spec.origin), clean=False)
+
+
+def add_line_upstream_argument(parser: argparse.ArgumentParser) -> None:
+    """``--line-upstream``, for the verbs that check every carried line (audit-upstream, bump)."""
+    parser.add_argument(
+        "--line-upstream",
+        action="append",
+        default=[],
+        metavar="LINE=VERSION|DIR|REPO@REV",
+        help="check a carried line (cpu) on this upstream instead of its own lock's (repeatable)",
+    )

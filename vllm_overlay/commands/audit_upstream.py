@@ -36,6 +36,7 @@ import argparse
 from pathlib import Path
 
 from vllm_overlay import atomicfile, output, project
+from vllm_overlay.commands import add_line_upstream_argument
 from vllm_overlay.upstream import indexes
 
 
@@ -53,13 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, default=None, help="write the audit (JSON) here")
     parser.add_argument("--range-diff", type=Path, default=None, help="write the git range-diff here")
     parser.add_argument("--offline", action="store_true", help="do not ask the index for release dates")
-    parser.add_argument(
-        "--line-upstream",
-        action="append",
-        default=[],
-        metavar="LINE=VERSION|DIR|REPO@REV",
-        help="check a carried line (cpu) on this upstream instead of its own lock's (repeatable)",
-    )
+    add_line_upstream_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:

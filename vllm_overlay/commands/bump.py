@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vllm_overlay import output, project
+from vllm_overlay.commands import add_line_upstream_argument
 from vllm_overlay.errors import InputError, Interrupted, WorkFailure
 from vllm_overlay.upstream import indexes
 
@@ -59,13 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--drop", action="store_true", help="only the drop step: remove the patches every carried line already has"
     )
-    parser.add_argument(
-        "--line-upstream",
-        action="append",
-        default=[],
-        metavar="LINE=VERSION|DIR|REPO@REV",
-        help="check a carried line (cpu) on this upstream instead of its own lock's (repeatable)",
-    )
+    add_line_upstream_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
