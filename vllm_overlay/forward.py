@@ -237,7 +237,7 @@ def make_branch(
     partial = dest.with_name(f".{dest.name}.partial")
     shutil.rmtree(partial, ignore_errors=True)
     try:
-        branch = _commit_in(clone, partial, project_root, patch, earlier, identity, tests, message)
+        branch = _commit_in(clone, partial, patch, earlier, identity, tests, message)
         partial.rename(dest)
     finally:
         shutil.rmtree(partial, ignore_errors=True)
@@ -258,7 +258,6 @@ def make_branch(
 def _commit_in(
     clone: Callable[[Path], None],
     dest: Path,
-    project_root: Path,
     patch: Patch,
     earlier: list[Patch],
     identity: Identity,
