@@ -8,14 +8,30 @@ from pathlib import Path
 
 import pytest
 
+from tests.tool.helpers.repos import REPO_ROOT
 from vllm_overlay import readme_blocks
-from vllm_overlay.readme_blocks import FORWARD_SECTION, ReadmeError
+from vllm_overlay.readme_blocks import DROP_SECTION, FORWARD_SECTION, ReadmeError
 
 
 def _readme(tmp_path: Path, body: str) -> Path:
     path = tmp_path / "README.md"
     path.write_text(f"# x\n\n## Workflows\n\n{FORWARD_SECTION}\n\n{body}\n### Next\n\n    not this block\n")
     return path
+
+
+def test_the_readmes_blocks_are_read_and_name_a_real_patch():
+    forward = readme_blocks.workflow_commands(REPO_ROOT / "README.md", FORWARD_SECTION)
+    drop = readme_blocks.workflow_commands(REPO_ROOT / "README.md", DROP_SECTION)
+    _, spec = readme_blocks.forward_spec(forward)
+    series = (REPO_ROOT / "patches" / "series").read_text(encoding="utf-8").splitlines()
+    assert f"{spec}.patch" in series
+    series_name, stem = spec.split("/")
+    assert (REPO_ROOT / "tests" / "patches" / series_name / "upstream" / stem).is_dir()  # its ported test
+    assert any(line.startswith(f"git -C build/forward/{stem} ") for line in forward)
+    commands = [readme_blocks.strip_comment(line) for line in drop]
+    assert commands[0].startswith("scripts/audit-upstream --upstream ")
+    release = commands[0].split()[2]
+    assert commands[1] == f"scripts/bump {release} --drop"
 
 
 def test_a_readme_without_the_section_is_refused(tmp_path):
