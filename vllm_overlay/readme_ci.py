@@ -1,11 +1,13 @@
-"""The newcomer check (scripts/ci-readme): README's first command, as a new user meets it on Debian 12.
+"""The newcomer check (scripts/ci-readme): README's first command and its workflows, as a new user meets them.
 
-The two commands are read from README.md itself (its "The two commands" section), so what is tested
-is what the README says. The first one runs in a fresh container of a Debian bookworm stand-in
-(debootstrap: bookworm's own python3 3.11.2 with venv, git and CA certificates, nothing else; the
-same stand-in as the root Dockerfile's tool stage in ci-image --root-build), as a non-root user, in
-a fresh clone of this checkout made in that user's home (uncommitted changes to the project's files
-carried over, so it tests what is here). Then:
+The two commands are read from README.md itself (its "The two commands" section), and so are the
+workflow blocks "Forward a patch" and "Drop a patch upstream merged" (vllm_overlay.readme_blocks),
+so what is tested is what the README says. The first command runs in a fresh container of a
+Debian bookworm stand-in (debootstrap: bookworm's own python3 3.11.2 with venv, git and CA
+certificates, nothing else; the same stand-in as the root Dockerfile's tool stage in ci-image
+--root-build), as a non-root user, in a fresh clone of this checkout made in that user's home
+(uncommitted changes to the project's files carried over, so it tests what is here); then the
+workflow blocks, in the same container and clone. It checks:
 
   1. the command exits 0 (PEP 668: the system python3 refuses pip installs, so the command must
      make its own environment);
@@ -13,7 +15,12 @@ carried over, so it tests what is here). Then:
      patch), as this checkout's build/patched;
   3. the command leaves nothing git sees in the clone (the environment and build/ are ignored);
   4. the command run a second time reuses the environment (no new virtual environment) and gives
-     the same tree.
+     the same tree;
+  5. the forward block, run as pasted: without a git identity its scripts/forward refuses (exit 2,
+     nothing made); with the newcomer's, every line exits 0 and build/forward/<patch> holds the branch
+     forward/<patch> with one commit over the release signed off by the newcomer, and the .pr.md;
+  6. the drop block, run as pasted: the audit exits 1 (rows to refresh or resolve) and counts no
+     drop, bump --drop says nothing to drop, and the clone is left as it was.
 
 The index is the one pip is configured with here (passed as PIP_INDEX_URL / PIP_EXTRA_INDEX_URL;
 file:// indexes stay on the host), the Debian archive the machine's apt sources'. Needs root, buildah
@@ -23,7 +30,6 @@ and debootstrap. Exit codes: 0 passed; 1 a check failed; 2 usage, input or envir
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import time
@@ -46,16 +52,30 @@ from vllm_overlay.image.standins import (
     rootfs_tar,
     sh,
 )
+from vllm_overlay.readme_blocks import (
+    DROP_SECTION,
+    FORWARD_SECTION,
+    ReadmeError,
+    block_script,
+    drop_failures,
+    exit_failures,
+    forward_failures,
+    forward_spec,
+    forward_stem,
+    section_block,
+    strip_comment,
+    workflow_commands,
+)
 from vllm_overlay.store import Store
 
 SECTION = "## The two commands"
 USER = "newcomer"
 HOME = f"/home/{USER}"
 CHECKOUT = f"{HOME}/vllm-overlay"
-
-
-class ReadmeError(RuntimeError):
-    """README.md does not state its two commands as this check reads them."""
+# The newcomer's git identity, set before the forward block as the README asks users to have theirs.
+IDENTITY = ("New Comer", "newcomer@example.org")
+STATUS_FILE = f"{HOME}/.readme-block-status"  # outside the clone: each command's exit
+GIT_STATUS = ["git", "status", "--porcelain", "--untracked-files=all"]  # what git sees in the clone
 
 
 def readme_commands(readme: Path) -> tuple[str, str]:
@@ -63,20 +83,7 @@ def readme_commands(readme: Path) -> tuple[str, str]:
 
     A trailing ``# comment`` is dropped; the block must hold exactly two commands.
     """
-    lines = readme.read_text(encoding="utf-8").splitlines()
-    try:
-        start = lines.index(SECTION) + 1
-    except ValueError as exc:
-        raise ReadmeError(f"{readme}: no '{SECTION}' section") from exc
-    block: list[str] = []
-    for line in lines[start:]:
-        if line.startswith("## "):
-            break
-        if line.startswith("    ") and line.strip():
-            block.append(line)
-        elif block:
-            break
-    commands = [re.sub(r"\s+#.*$", "", line).strip() for line in block]
+    commands = [strip_comment(line) for line in section_block(readme, SECTION)]
     if len(commands) != 2 or not all(commands):
         raise ReadmeError(f"{readme}: '{SECTION}' must open with a block of two commands, found {commands}")
     return commands[0], commands[1]
@@ -124,6 +131,10 @@ def run_check(proj: project.Project, options: Options) -> int:
     started = time.monotonic()
     try:
         first, second = readme_commands(proj.root / "README.md")
+        workflows = {
+            heading: workflow_commands(proj.root / "README.md", heading) for heading in (FORWARD_SECTION, DROP_SECTION)
+        }
+        forward_spec(workflows[FORWARD_SECTION])  # refused here, before the stand-in, if there is none
         output.info(f"== README command 1: {first}")
         output.info(f"   README command 2: {second}")
         if os.geteuid() != 0:
@@ -147,7 +158,7 @@ def run_check(proj: project.Project, options: Options) -> int:
 
         container = sh(eng.exe, "from", "--pull=never", ref).splitlines()[-1]
         try:
-            _newcomer(proj, eng, container, first, host_trees, failures, figures)
+            _newcomer(proj, eng, container, first, workflows, host_trees, failures, figures)
         finally:
             subprocess.run([eng.exe, "rm", container], capture_output=True, check=False)
     except (ReadmeError, engine.EngineError, git.GitCommandError, OSError) as exc:
@@ -169,6 +180,7 @@ def _newcomer(
     eng: engine.Engine,
     container: str,
     command: str,
+    workflows: dict[str, list[str]],
     host_trees: list[str],
     failures: list[str],
     figures: list[str],
@@ -177,11 +189,13 @@ def _newcomer(
     index = index_build_args()
     env = [f"HOME={HOME}", "LANG=C.UTF-8", *(f"{key}={value}" for key, value in index.items())]
 
-    def as_user(*argv: str, stream: bool = False) -> subprocess.CompletedProcess:
+    def as_user(*argv: str, stream: bool = False, merged: bool = False) -> subprocess.CompletedProcess:
         full = [eng.exe, "run", "--isolation", isolation, "--user", USER, "--workingdir", CHECKOUT, container]
         full += ["--", "env", *env, *argv]
         if stream:  # the command's own output, as the newcomer sees it
             return subprocess.run(full, stdout=2, stderr=2, check=False)
+        if merged:  # stdout and stderr in the order the newcomer sees them
+            return subprocess.run(full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False)
         return subprocess.run(full, capture_output=True, text=True, check=False)
 
     def user_output(argv: list[str]) -> str:
@@ -191,7 +205,10 @@ def _newcomer(
         return result.stdout
 
     _prepare_clone(proj, eng, container, isolation, index)
-    _two_runs(command, host_trees, failures, figures, as_user, user_output)
+    if not _two_runs(command, host_trees, failures, figures, as_user, user_output):
+        return
+    _forward_workflow(workflows[FORWARD_SECTION], host_trees[0], failures, figures, as_user, user_output)
+    _drop_workflow(workflows[DROP_SECTION], failures, figures, as_user, user_output)
 
 
 def _prepare_clone(
@@ -221,9 +238,12 @@ def _two_runs(
     figures: list[str],
     as_user: Callable[..., subprocess.CompletedProcess],
     user_output: Callable[[list[str]], str],
-) -> None:
-    """README command 1 run twice as the newcomer: its exit, its tree ids, what it leaves, the reused .venv."""
-    status = ["git", "status", "--porcelain", "--untracked-files=all"]
+) -> bool:
+    """README command 1 run twice as the newcomer: its exit, its tree ids, what it leaves, the reused .venv.
+
+    False when the command failed: the workflows need its environment.
+    """
+    status = GIT_STATUS
     before = user_output(status)  # the carried changes, if any
     runs = []
     for attempt in (1, 2):
@@ -233,7 +253,7 @@ def _two_runs(
         runs.append(time.monotonic() - began)
         if code != 0:
             failures.append(f"README command 1, run {attempt}, exited {code} as {USER} on Debian 12 (output above)")
-            return
+            return False
         _compare_trees(attempt, host_trees, user_output, failures, figures)
         if attempt == 1:
             venv = user_output(["stat", "-c", "%i %Y", ".venv/pyvenv.cfg"]).strip()
@@ -252,6 +272,89 @@ def _two_runs(
         f"README command 1 as {USER} on Debian 12: {runs[0]:.0f} s the first time (set-up, sdist download, apply), "
         f"{runs[1]:.0f} s again"
     )
+    return True
+
+
+def _run_block(
+    name: str,
+    block: list[str],
+    as_user: Callable[..., subprocess.CompletedProcess],
+    user_output: Callable[[list[str]], str],
+    failures: list[str],
+    figures: list[str],
+) -> str:
+    """A workflow block run as the newcomer, as pasted into one shell; its output, each exit checked."""
+    output.info(f"== {name} workflow, as pasted:")
+    for line in block:
+        output.info(f"   {line}")
+    began = time.monotonic()
+    done = as_user("bash", "-c", block_script(block, STATUS_FILE), merged=True)
+    took = time.monotonic() - began
+    output.info(done.stdout.rstrip("\n"))  # what the newcomer saw, credentials of an index URL masked
+    statuses = [int(word) for word in user_output(["cat", STATUS_FILE]).split()]
+    failures.extend(exit_failures(name, block, statuses))
+    figures.append(f"README {name} workflow as {USER}: {took:.0f} s, exits {statuses}")
+    return done.stdout
+
+
+def _forward_workflow(
+    block: list[str],
+    upstream_tree: str,
+    failures: list[str],
+    figures: list[str],
+    as_user: Callable[..., subprocess.CompletedProcess],
+    user_output: Callable[[list[str]], str],
+) -> None:
+    """The forward block: refused without a git identity, then run with the newcomer's, its promises checked."""
+    command, spec = forward_spec(block)
+    refused = as_user("bash", "-c", command)
+    made = as_user("test", "-e", f"build/forward/{forward_stem(spec)}").returncode == 0
+    if refused.returncode != 2 or made:
+        failures.append(
+            f"forward without a git identity: exit {refused.returncode}"
+            + (", build/forward made" if made else "")
+            + f", expected exit 2 and nothing made ({(refused.stderr or refused.stdout).strip()[-300:]})"
+        )
+    else:
+        figures.append("forward without a git identity: refused, exit 2, nothing made")
+    name, email = IDENTITY
+    user_output(["git", "config", "--global", "user.name", name])
+    user_output(["git", "config", "--global", "user.email", email])
+    status = GIT_STATUS
+    before = user_output(status)
+    _run_block("forward", block, as_user, user_output, failures, figures)
+    found = forward_failures(
+        spec,
+        upstream_tree,
+        f"Signed-off-by: {name} <{email}>",
+        user_output,
+        lambda path: as_user("test", "-e", path).returncode == 0,
+    )
+    if user_output(status) != before:
+        found.append("forward: the block left files git sees in the clone")
+    failures.extend(found)
+    if not found:
+        figures.append(
+            f"forward: branch forward/{forward_stem(spec)}, one commit over the release signed off by "
+            f"{name}, its .pr.md; the clone unchanged"
+        )
+
+
+def _drop_workflow(
+    block: list[str],
+    failures: list[str],
+    figures: list[str],
+    as_user: Callable[..., subprocess.CompletedProcess],
+    user_output: Callable[[list[str]], str],
+) -> None:
+    """The drop block on the real series: no patch upstream yet, so nothing dropped and nothing changed."""
+    status = GIT_STATUS
+    before = user_output(status)
+    said = _run_block("drop", block, as_user, user_output, failures, figures)
+    found = drop_failures(said, before, user_output(status))
+    failures.extend(found)
+    if not found:
+        figures.append("drop: the audit counts no drop, bump --drop drops nothing, the clone unchanged")
 
 
 def _compare_trees(

@@ -81,3 +81,35 @@ def test_a_project_without_readme_commands_is_exit_2_before_any_engine(tmp_path,
     captured = capsys.readouterr()
     assert captured.err == f"error: {tmp_path.resolve() / 'README.md'}: no '{readme_ci.SECTION}' section\n"
     assert captured.out == ""
+
+
+TWO_COMMANDS = "# A project\n\n## The two commands\n\n    scripts/setup && scripts/apply-patches\n    scripts/check\n\n"
+
+
+@pytest.mark.parametrize(
+    ("workflows", "said"),
+    [
+        ("", "no '### Forward a patch' section"),
+        ("### Forward a patch\n\n    scripts/forward <series>/<patch>\n\n", "has a placeholder, <series>"),
+        ("### Forward a patch\n\n    scripts/forward s/p\n\n", "no '### Drop a patch upstream merged' section"),
+        (
+            "### Forward a patch\n\n    ls\n\n### Drop a patch upstream merged\n\n    ls\n",
+            "runs no `scripts/forward SERIES/PATCH`",
+        ),
+    ],
+    ids=["no-forward", "placeholder", "no-drop", "no-forward-command"],
+)
+def test_a_readme_whose_workflow_blocks_cannot_run_is_exit_2_before_any_engine(
+    tmp_path, capsys, monkeypatch, workflows, said
+):
+    """The workflow blocks are read with the two commands, before root or buildah are asked for."""
+    from vllm_overlay.image import engine
+
+    def no_engine(*args, **kwargs):
+        raise AssertionError("an engine was looked for")
+
+    monkeypatch.setattr(engine, "find_engine", no_engine)
+    (tmp_path / "README.md").write_text(TWO_COMMANDS + workflows)
+    assert cli.main(["ci-readme", "--project", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and said in err
