@@ -80,7 +80,7 @@ def _file_line_numbers(patch: Patch) -> list[int]:
     from its first non-empty line (``series.parse_mail``).
     """
     lines = as_git_am_reads(patch.raw).decode("utf-8").split("\n")
-    header_end = lines.index("")
+    header_end = next((index for index, line in enumerate(lines) if not line), len(lines))
     subject = next((index for index, line in enumerate(lines[:header_end]) if line.lower().startswith("subject:")), 0)
     body = next((index for index in range(header_end + 1, len(lines)) if lines[index]), header_end + 1)
     count = len(patch.message.split("\n"))
