@@ -6,7 +6,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from vllm_overlay import patch_index
+from vllm_overlay import maintainers, patch_index
 from vllm_overlay.apply import paths
 from vllm_overlay.audit import dependencies
 from vllm_overlay.series import (
@@ -18,7 +18,9 @@ from vllm_overlay.series import (
     SERIES_FILE,
     SERIES_NAME_RE,
     Patch,
+    SeriesEntry,
     SeriesError,
+    as_git_am_reads,
     load_patch,
     name_problem,
     parse_all_trailers,
@@ -50,6 +52,104 @@ def spdx_problems(repo_root: Path) -> list[str]:
             rel = path.relative_to(repo_root).as_posix()
             problems.append(f"{rel}: lacks the SPDX header line {missing[0]!r} (vLLM's pre-commit requires both)")
     return problems
+
+
+# The message must fit one screen for its reader (a reviewer, a pull request's body): from the
+# subject through the last line of text before the trailer block, blank lines counted, and each line
+# within git's 72 columns. Long evidence goes to docs/patches/<series>/<name>.md, linked from it.
+MESSAGE_MAX_LINES = 60
+MESSAGE_MAX_WIDTH = 72
+SIGNOFF = "Signed-off-by"
+
+
+def prose_lines(patch: Patch) -> list[str]:
+    """The message's prose: its subject line through its last line of text before the trailer block."""
+    lines = patch.message.rstrip("\n").split("\n")
+    blanks = [index for index, line in enumerate(lines) if not line.strip()]
+    if patch.trailers and blanks:
+        lines = lines[: blanks[-1]]
+    while lines and not lines[-1].strip():
+        lines.pop()
+    return lines
+
+
+def _file_line_numbers(patch: Patch) -> list[int]:
+    """The line of the patch file each message line is written on (1-based; the subject's header for line 1).
+
+    The message is the Subject header's value, a blank line, then the body as the file holds it
+    from its first non-empty line (``series.parse_mail``).
+    """
+    lines = as_git_am_reads(patch.raw).decode("utf-8").split("\n")
+    header_end = next((index for index, line in enumerate(lines) if not line), len(lines))
+    subject = next((index for index, line in enumerate(lines[:header_end]) if line.lower().startswith("subject:")), 0)
+    body = next((index for index in range(header_end + 1, len(lines)) if lines[index]), header_end + 1)
+    count = len(patch.message.split("\n"))
+    return [subject + 1, header_end + 1, *range(body + 1, body + 1 + count)]
+
+
+def length_problems(patch: Patch, series: str) -> list[str]:
+    """Why the message does not fit one screen: too many lines, or a line wider than 72 (empty: it fits)."""
+    prose = prose_lines(patch)
+    where = _file_line_numbers(patch)
+    problems = []
+    if len(prose) > MESSAGE_MAX_LINES:
+        stem = Path(patch.name).stem
+        problems.append(
+            f"the message is {len(prose)} lines from its subject to the trailer block, blank lines counted "
+            f"(at most {MESSAGE_MAX_LINES}): move long evidence to docs/patches/{series}/{stem}.md and link it "
+            "from the message on one line"
+        )
+    for number, line in enumerate(prose):
+        if len(line) > MESSAGE_MAX_WIDTH:
+            what = "the subject" if number == 0 else f"message line {number + 1}"
+            problems.append(
+                f"{what} (line {where[number]} of the file) is {len(line)} characters wide "
+                f"(at most {MESSAGE_MAX_WIDTH}): {'shorten' if number == 0 else 'wrap'} it"
+            )
+    return problems
+
+
+def authorship_problems(patch: Patch, maintainer: str, series: str) -> list[str]:
+    """Why the patch is not authored and signed off by its series' maintainer (empty: it is)."""
+    whose = f"its series' maintainer ({series} in {maintainers.MAINTAINERS_FILE})"
+    problems = []
+    author = patch.author
+    if author != maintainer:
+        problems.append(
+            f"From: {author} is not {whose}, {maintainer}: commit it with "
+            f"--author='{maintainer}' (git commit --amend in build/patched, then export-patches), or name "
+            f"{author} for {series} in {maintainers.MAINTAINERS_FILE}"
+        )
+    signoffs = patch.values(SIGNOFF)
+    if not signoffs:
+        problems.append(
+            f"no '{SIGNOFF}: {maintainer}' in its trailer block ({whose}): end the block with that line "
+            "(git commit -s under that identity writes it)"
+        )
+    for other in dict.fromkeys(value for value in signoffs if value != maintainer):
+        problems.append(
+            f"signed off by {other}, not by {whose}, {maintainer}: make that line "
+            f"'{SIGNOFF}: {maintainer}', or name {other} for {series} in {maintainers.MAINTAINERS_FILE}"
+        )
+    if signoffs.count(maintainer) > 1:
+        problems.append(
+            f"signed off by {maintainer} {signoffs.count(maintainer)} times: keep one '{SIGNOFF}:' line "
+            "(git commit --amend -s adds a second after the Patch-File trailer; amend without -s)"
+        )
+    return problems
+
+
+def _project_series(repo_root: Path, patches_dir: Path, entries: list[SeriesEntry]) -> set[str] | None:
+    """The series patches/series lists, which maintainers.toml may name (None: patches/series unreadable).
+
+    A carried series (cpu/patches) is carried from patches/: its maintainers are patches/' ones.
+    """
+    if patches_dir.resolve() != (repo_root / "patches").resolve():
+        try:
+            entries = read_series(repo_root / "patches")
+        except SeriesError:
+            return None
+    return {entry.series for entry in entries if entry.series}
 
 
 def _paragraphs(patch: Patch) -> list[str]:
@@ -120,6 +220,13 @@ def lint(repo_root: Path, patches_dir: Path, tree: Path | None = None) -> list[s
         pins: dict[str, str] | None = lock.load(repo_root / lock.LOCK_NAME).pins
     except lock.LockError:
         pins = None  # no lock to check Dependency-Targets distributions against
+    try:
+        carriers: maintainers.Maintainers | None = maintainers.load(
+            repo_root / maintainers.MAINTAINERS_FILE, _project_series(repo_root, patches_dir, entries)
+        )
+    except maintainers.MaintainersError as exc:
+        problems.append(str(exc))
+        carriers = None  # each patch's author and sign-off cannot be checked against it
     counts = Counter(entry.path for entry in entries)
     for name, count in counts.items():
         if count > 1:
@@ -152,6 +259,12 @@ def lint(repo_root: Path, patches_dir: Path, tree: Path | None = None) -> list[s
                 problems.append(f"{where}: needs one of the headers {', '.join(k + ':' for k in group)}")
         problems.extend(f"{where}: {problem}" for problem in heading_problems(patch))
         problems.extend(f"{where}: {problem}" for problem in forwarded_problems(patch))
+        carried_by = patch.series or (name.split("/", 1)[0] if "/" in name else "")
+        if carriers is not None:
+            problems.extend(
+                f"{where}: {problem}" for problem in authorship_problems(patch, carriers.of(carried_by), carried_by)
+            )
+        problems.extend(f"{where}: {problem}" for problem in length_problems(patch, carried_by))
         if patch.subject.startswith("["):
             problems.append(f"{where}: subject starts with '[...]', which git am strips; use 'component: subject'")
         series = patch.series

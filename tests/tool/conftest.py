@@ -18,6 +18,7 @@ from tests.tool.helpers.apply_runs import run_apply
 from tests.tool.helpers.installs import fake_wheel_record
 from tests.tool.helpers.repos import (
     BODY,
+    MAINTAINERS_TOML,
     REPO_ROOT,
     SPDX_HEADER,
     TRAILERS,
@@ -67,10 +68,11 @@ def upstream_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
-    """A project checkout: upstream.lock, an empty series, and the test files patches name."""
+    """A project checkout: upstream.lock, maintainers.toml, an empty series, and the test files patches name."""
     root = tmp_path / "project"
     (root / "patches").mkdir(parents=True)
     shutil.copy(REPO_ROOT / "upstream.lock", root / "upstream.lock")
+    (root / "maintainers.toml").write_text(MAINTAINERS_TOML)
     (root / "patches" / "series").write_text("")
     return root
 

@@ -313,3 +313,25 @@ def test_a_fix_on_every_line_is_proposed_then_dropped_as_its_own_step(project, t
     assert held.value("Applied-Upstream") == "0.34.0 (locked line)"
     assert held.value("Forwarded").startswith("not-needed (upstream has the fix; carried only for: cpu ")
     assert series.load_patch(project / "cpu" / "patches", "held/locked-only.patch").value("Applied-Upstream") is None
+
+
+def test_a_carried_patch_keeps_its_author_and_sign_off(project, make_patch, tmp_path, store_env):
+    """carry-cpu carries the series onto another release with bump's git am and exports it: the patch's
+    From: and Signed-off-by: come out as they went in (bump's committer is never written)."""
+    from tests.tool.helpers.repos import MAINTAINER
+    from vllm_overlay.apply import export
+
+    ada = "Ada Lovelace <ada@example.org>"
+    old = write_upstream(tmp_path / "old")
+    path = make_patch(old, change_line_20, "change 20")
+    replace_line(path, f"From: {MAINTAINER}\n", f"From: {ada}\n")
+    replace_line(path, f"Signed-off-by: {MAINTAINER}\n", f"Signed-off-by: {ada}\n")
+    new = write_upstream(tmp_path / "new")
+    replace_line(new / "vllm" / "core.py", "line_5 = 5\n", "line_5 = 5  # upstream\n")
+    the_lock, store = lock.load(project / "upstream.lock"), Store()
+    old_up = upstream_trees.obtain(str(old), the_lock, store)
+    new_up = upstream_trees.obtain(str(new), the_lock, store)
+    repo_dir = tmp_path / "build" / "bump"
+    bump.start(series.load_series(project / "patches"), new_up, store, repo_dir, "new", seed_base=old_up.commit)
+    [carried] = export.export_commits(repo_dir)
+    assert carried.content.split(b"\n---\n")[0] == path.read_bytes().split(b"\n---\n")[0]

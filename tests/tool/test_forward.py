@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tool.helpers.repos import SPDX_HEADER, change_line_20, git, replace_line
+from tests.tool.helpers.repos import MAINTAINER, SPDX_HEADER, change_line_20, git, replace_line
 from vllm_overlay import cli, forward
 
 PORTED = SPDX_HEADER + "from vllm.core import line_20\n\n\ndef test_line_20():\n    assert line_20 == 200\n"
@@ -64,6 +64,28 @@ def test_branch_and_signed_off_commit(project, upstream_dir, make_patch, identit
     for heading in ("## Purpose", "## Test Plan", "## Test Result"):
         assert heading in body
     assert "pytest tests/test_core.py" in body
+
+
+@pytest.mark.parametrize(
+    "user", ["Ada Lovelace <ada@example.invalid>", "test <test@example.invalid>"], ids=["another", "the-maintainer"]
+)
+def test_the_forwarded_commit_is_signed_off_by_the_user_alone(project, upstream_dir, make_patch, identity, user):
+    """The patch's own sign-off (its maintainer's, or a stale one) stays in patches/: the forwarded commit
+    carries the user's sign-off once, and the pull request's body none."""
+    patch = make_patch(upstream_dir, change_line_20, "core: fix line 20", series="demo")
+    signed = f"Signed-off-by: {MAINTAINER}\n"
+    replace_line(patch, signed, "Signed-off-by: Former Maintainer <former@example.invalid>\n" + signed)
+    _port_test(project, patch)
+    name, email = user[:-1].split(" <")
+    (identity / ".gitconfig").write_text(f"[user]\n\tname = {name}\n\temail = {email}\n")
+
+    assert _forward(project, upstream_dir, patch) == 0
+
+    message = git(project / "build" / "forward" / patch.stem, "log", "-1", "--format=%B")
+    assert [line for line in message.splitlines() if "Signed-off-by" in line] == [f"Signed-off-by: {user}"]
+    assert message.rstrip().endswith(f"\n\nSigned-off-by: {user}")
+    body = (project / "build" / "forward" / f"{patch.stem}.pr.md").read_text()
+    assert "Signed-off-by" not in body and "former@example.invalid" not in body
 
 
 def test_patches_unchanged_and_tag_from_trailer(project, upstream_dir, make_patch, identity):

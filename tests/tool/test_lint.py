@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 
-from tests.tool.helpers.repos import BODY, FORWARDED, change_line_20
+from tests.tool.helpers.repos import (
+    BODY,
+    FORWARDED,
+    MAINTAINER,
+    MAINTAINERS_TOML,
+    change_core_line,
+    change_line_20,
+    replace_line,
+)
 from vllm_overlay import cli, lint
 
 
@@ -263,3 +272,142 @@ def test_lint_into_a_closed_pipe_ends_quietly(project, make_patch, upstream_dir)
     err = process.stderr.read().decode()
     assert process.wait(timeout=60) == 141, err  # as a command SIGPIPE killed
     assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+# The maintainer of every series (maintainers.toml): each patch's author and sign-off, and a message
+# that fits one screen.
+ADA = "Ada Lovelace <ada@example.org>"
+SIGNED_OFF = f"Signed-off-by: {MAINTAINER}\n"
+
+
+def test_an_author_other_than_the_series_maintainer_is_named_with_both(project, make_patch, upstream_dir):
+    path = make_patch(upstream_dir, change_line_20, "core: change line 20")
+    replace_line(path, f"From: {MAINTAINER}\n", f"From: {ADA}\n")
+    assert problems(project) == [
+        f"patches/demo/core-change-line-20.patch: From: {ADA} is not its series' maintainer (demo in "
+        f"maintainers.toml), {MAINTAINER}: commit it with --author='{MAINTAINER}' (git commit --amend in "
+        f"build/patched, then export-patches), or name {ADA} for demo in maintainers.toml"
+    ]
+
+
+def test_a_patch_without_the_maintainers_sign_off_is_reported(project, make_patch, upstream_dir):
+    path = make_patch(upstream_dir, change_line_20, "core: change line 20")
+    replace_line(path, SIGNED_OFF, "")
+    assert problems(project) == [
+        f"patches/demo/core-change-line-20.patch: no 'Signed-off-by: {MAINTAINER}' in its trailer block (its "
+        "series' maintainer (demo in maintainers.toml)): end the block with that line (git commit -s under that "
+        "identity writes it)"
+    ]
+
+
+def test_a_sign_off_of_someone_else_names_both(project, make_patch, upstream_dir):
+    path = make_patch(upstream_dir, change_line_20, "core: change line 20")
+    replace_line(path, SIGNED_OFF, f"Signed-off-by: {ADA}\n")
+    assert problems(project) == [
+        f"patches/demo/core-change-line-20.patch: signed off by {ADA}, not by its series' maintainer (demo in "
+        f"maintainers.toml), {MAINTAINER}: make that line 'Signed-off-by: {MAINTAINER}', or name {ADA} for demo "
+        "in maintainers.toml"
+    ]
+    replace_line(path, f"Signed-off-by: {ADA}\n", SIGNED_OFF + f"Signed-off-by: {ADA}\n")
+    assert [p for p in problems(project) if "signed off by" in p] == [
+        f"patches/demo/core-change-line-20.patch: signed off by {ADA}, not by its series' maintainer (demo in "
+        f"maintainers.toml), {MAINTAINER}: make that line 'Signed-off-by: {MAINTAINER}', or name {ADA} for demo "
+        "in maintainers.toml"
+    ]
+
+
+def test_the_maintainers_sign_off_twice_is_reported(project, make_patch, upstream_dir):
+    """What `git commit --amend -s` leaves in build/patched: a second sign-off after Patch-File."""
+    path = make_patch(upstream_dir, change_line_20, "core: change line 20")
+    replace_line(path, SIGNED_OFF, SIGNED_OFF * 2)
+    assert [p for p in problems(project) if "2 times" in p] == [
+        f"patches/demo/core-change-line-20.patch: signed off by {MAINTAINER} 2 times: keep one 'Signed-off-by:' "
+        "line (git commit --amend -s adds a second after the Patch-File trailer; amend without -s)"
+    ]
+
+
+def test_a_sign_off_outside_the_trailer_block_is_not_one(project, make_patch, upstream_dir):
+    """git's trailer parsing decides: a Signed-off-by line in the prose does not sign the patch off."""
+    path = make_patch(upstream_dir, change_line_20, "core: change line 20")
+    replace_line(path, SIGNED_OFF, "")
+    replace_line(path, "Not forwarded.\n", "Not forwarded.\n" + SIGNED_OFF)
+    assert any("no 'Signed-off-by:" in p for p in problems(project))
+
+
+def test_a_series_override_is_honoured_and_the_default_kept_for_the_rest(project, make_patch, upstream_dir):
+    make_patch(upstream_dir, change_line_20, "core: change line 20")
+    other = make_patch(upstream_dir, change_core_line(5, 50), "core: change line 5", series="beta")
+    (project / "maintainers.toml").write_text(MAINTAINERS_TOML + f'\n[series]\nbeta = "{ADA}"\n')
+    found = problems(project)
+    assert len(found) == 2 and all(p.startswith("patches/beta/core-change-line-5.patch: ") for p in found)
+    assert f"From: {MAINTAINER} is not its series' maintainer (beta in maintainers.toml), {ADA}" in found[0]
+    replace_line(other, f"From: {MAINTAINER}\n", f"From: {ADA}\n")
+    replace_line(other, SIGNED_OFF, f"Signed-off-by: {ADA}\n")
+    assert problems(project) == []
+
+
+def test_maintainers_toml_is_checked_before_any_patch(project, make_patch, upstream_dir):
+    """An override of a series patches/series does not list, or no file: said once, naming what to write."""
+    make_patch(upstream_dir, change_line_20, "core: change line 20")
+    toml = project / "maintainers.toml"
+    toml.write_text(MAINTAINERS_TOML + f'[series]\nroute-sanitisation = "{ADA}"\n')
+    assert problems(project) == [
+        f"{toml}: [series] 'route-sanitisation' is no series of patches/series (its series: demo): correct "
+        "the name or remove the line"
+    ]
+    toml.unlink()
+    assert problems(project) == [
+        f"{toml}: not found: it names who authors and signs off each series' patches; write "
+        '`default = "Ada Lovelace <ada@example.org>"` there (README.md, Patch format)'
+    ]
+
+
+def test_a_carried_series_is_checked_against_the_projects_maintainers(project, make_patch, upstream_dir):
+    """cpu/patches is carried from patches/: the same maintainers, overrides checked against patches/series."""
+    path = make_patch(upstream_dir, change_line_20, "core: change line 20")
+    carried = project / "cpu" / "patches"
+    shutil.copytree(project / "patches", carried)
+    (project / "maintainers.toml").write_text(MAINTAINERS_TOML + f'[series]\ndemo = "{ADA}"\n')
+    (project / "patches" / "series").write_text("")
+    path.unlink()  # patches/ no longer has the series: the override names none
+    assert [p.split(": ", 1)[1] for p in lint.lint(project, carried)] == [
+        "[series] 'demo' is no series of patches/series (its series: none): correct the name or remove the line"
+    ]
+    (project / "maintainers.toml").write_text(MAINTAINERS_TOML)
+    assert lint.lint(project, carried) == []
+
+
+def _prose_lines(count):
+    """Lines for the message's last section that bring its prose (21 lines in BODY's form) to ``count``."""
+    return "".join(f"More evidence, line {number}.\n" for number in range(count - 21))
+
+
+def test_a_message_longer_than_60_lines_is_reported_with_its_count(project, make_patch, upstream_dir):
+    path = make_patch(upstream_dir, change_line_20, "core: change line 20")
+    text = path.read_text()
+    path.write_text(text.replace("Not forwarded.\n", "Not forwarded.\n" + _prose_lines(60)))
+    assert problems(project) == []
+    path.write_text(text.replace("Not forwarded.\n", "Not forwarded.\n" + _prose_lines(61)))
+    assert problems(project) == [
+        "patches/demo/core-change-line-20.patch: the message is 61 lines from its subject to the trailer block, "
+        "blank lines counted (at most 60): move long evidence to docs/patches/demo/core-change-line-20.md and "
+        "link it from the message on one line"
+    ]
+
+
+def test_a_line_wider_than_72_is_reported_with_its_line_in_the_file(project, make_patch, upstream_dir):
+    path = make_patch(upstream_dir, change_line_20, "core: change line 20")
+    text = path.read_text()
+    path.write_text(text.replace("The change.\n", "x" * 72 + "\n"))
+    assert problems(project) == []
+    path.write_text(text.replace("The change.\n", "x" * 73 + "\n"))
+    assert path.read_text().splitlines()[11] == "x" * 73
+    assert problems(project) == [
+        "patches/demo/core-change-line-20.patch: message line 9 (line 12 of the file) is 73 characters wide "
+        "(at most 72): wrap it"
+    ]
+    path.write_text(text.replace("core: change line 20\n", "core: change line 20" + "0" * 53 + "\n", 1))
+    assert [p for p in problems(project) if "wide" in p] == [
+        "patches/demo/core-change-line-20.patch: the subject (line 4 of the file) is 73 characters wide "
+        "(at most 72): shorten it"
+    ]

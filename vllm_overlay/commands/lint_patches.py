@@ -3,7 +3,10 @@
 Every patch parses (unidiff), is listed in series exactly once, carries the DEP-3 headers
 (Description, Origin, Bug or Forwarded, Last-Update) and the project's (Series, Tests,
 Upstream-Tests, Targets), touches only regular files inside the upstream tree (no absolute
-paths, no '..', no symlinks or binary content), and every file named under Tests exists.
+paths, no '..', no symlinks or binary content), and every file named under Tests exists. Its
+From: and its one Signed-off-by: trailer are its series' maintainer (maintainers.toml), and its
+message, subject through the line before the trailer block, is at most 60 lines of at most 72
+characters.
 With --tree, paths are also resolved against that tree to catch symlinks leaving it.
 
 README.md's index of the patches (the table between its patch-index markers: name, what each

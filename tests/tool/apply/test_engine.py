@@ -10,7 +10,7 @@ import git
 import pytest
 
 from tests.tool.helpers.apply_runs import run_apply, statuses
-from tests.tool.helpers.repos import change_line_20, replace_line, write_upstream
+from tests.tool.helpers.repos import MAINTAINER, change_line_20, replace_line, write_upstream
 from vllm_overlay import cli, series
 from vllm_overlay import git as gitcmd
 from vllm_overlay.apply import engine as apply
@@ -286,7 +286,7 @@ def test_the_patch_file_trailers_of_a_stretch_are_the_ones_git_adds_to_each_mail
     whose last is another patch's (git adds one)."""
     made = make_patch(upstream_dir, change_line_20, "core: change line 20")
     raw = made.read_bytes()
-    last = b"Targets: vllm.core:value\n"
+    last = f"Signed-off-by: {MAINTAINER}\n".encode()  # the made patch's last trailer
     own = raw.replace(last, last + b"Patch-File: demo/p1.patch\n")
     other = raw.replace(last, last + b"Patch-File: demo/elsewhere.patch\n")
     patches = [series.Patch(path=made, name=f"demo/p{n}.patch", raw=r) for n, r in enumerate((raw, own, other, raw))]

@@ -10,9 +10,11 @@ import git
 import pytest
 
 from tests.tool.helpers.apply_runs import run_apply
-from tests.tool.helpers.repos import IDENTITY, change_line_20, replace_line, snapshot, write_upstream
+from tests.tool.helpers.repos import IDENTITY, MAINTAINER, change_line_20, replace_line, snapshot, write_upstream
 from tests.tool.helpers.repos import git as helper_git
 from vllm_overlay import cli
+
+ADA = "Ada Lovelace <ada@example.org>"
 
 
 def test_unchanged_series_exports_identical_bytes(project, make_patch, upstream_dir, store_env):
@@ -407,3 +409,19 @@ def test_an_export_starts_as_many_git_processes_for_three_commits_as_for_twelve(
     few = _git_processes_of_an_export(_series_repository(tmp_path / "few", 3), monkeypatch)
     many = _git_processes_of_an_export(_series_repository(tmp_path / "many", 12), monkeypatch)
     assert few == many
+
+
+def test_author_and_sign_off_survive_apply_and_export_byte_for_byte(project, make_patch, upstream_dir, store_env):
+    """The series' maintainer authors and signs off the commit apply makes, whoever runs it, and export
+    writes both back as they were: the Patch-File trailer apply adds after the sign-off goes again."""
+    path = make_patch(upstream_dir, change_line_20, "core: change line 20")
+    replace_line(path, f"From: {MAINTAINER}\n", f"From: {ADA}\n")
+    replace_line(path, f"Signed-off-by: {MAINTAINER}\n", f"Signed-off-by: {ADA}\n")
+    original = path.read_bytes()
+    assert run_apply(project, upstream_dir)[0] == 0
+    tree = project / "build" / "patched"
+    assert helper_git(tree, "log", "-1", "--format=%an <%ae>|%cn <%ce>").strip() == f"{ADA}|{ADA}"
+    trailers = helper_git(tree, "log", "-1", "--format=%(trailers:only,unfold)").strip().splitlines()
+    assert trailers[-2:] == [f"Signed-off-by: {ADA}", "Patch-File: demo/core-change-line-20.patch"]
+    assert cli.main(["export-patches", "--allow-other-upstream", "--project", str(project)]) == 0
+    assert path.read_bytes() == original

@@ -18,6 +18,11 @@ IDENTITY = {
     "GIT_COMMITTER_DATE": "2026-11-29T00:00:00+0000",
 }
 
+# The maintainer of every series of a test project (its maintainers.toml), who authors and signs off
+# every patch made there: the identity above.
+MAINTAINER = f"{IDENTITY['GIT_AUTHOR_NAME']} <{IDENTITY['GIT_AUTHOR_EMAIL']}>"
+MAINTAINERS_TOML = f'default = "{MAINTAINER}"\n'
+
 # vLLM's two SPDX lines, which every file under tests/patches/ carries (lint-patches checks them).
 SPDX_HEADER = (
     "# SPDX-License-Identifier: Apache-2.0\n# SPDX-FileCopyrightText: Copyright contributors to the vLLM project\n"
@@ -46,14 +51,17 @@ Not forwarded.
 
 """
 
-TRAILERS = """Description: {subject}
+# The trailers of a patch made in a test project (format them with its subject and series): the last
+# one is its maintainer's sign-off.
+TRAILERS = f"""Description: {{subject}}
 Origin: vendor
 Forwarded: no (reason: a test patch; drop when: the test ends)
 Last-Update: 2026-11-29
-Series: {series}
-Tests: tests/patches/{series}/test_demo.py
+Series: {{series}}
+Tests: tests/patches/{{series}}/test_demo.py
 Upstream-Tests: tests/test_demo_upstream.py
 Targets: vllm.core:value
+Signed-off-by: {MAINTAINER}
 """
 
 FORWARDED = next(line for line in TRAILERS.splitlines() if line.startswith("Forwarded:"))
