@@ -56,7 +56,8 @@ def spdx_problems(repo_root: Path) -> list[str]:
 
 # The message must fit one screen for its reader (a reviewer, a pull request's body): from the
 # subject through the last line of text before the trailer block, blank lines counted, and each line
-# within git's 72 columns. Long evidence goes to docs/patches/<series>/<name>.md, linked from it.
+# within git's 72 columns. Long evidence goes to docs/patches/<series>/<name>.md, linked from it: a
+# line that is one path or URL alone may be wider (it cannot be wrapped and still be copied).
 MESSAGE_MAX_LINES = 60
 MESSAGE_MAX_WIDTH = 72
 SIGNOFF = "Signed-off-by"
@@ -87,6 +88,12 @@ def _file_line_numbers(patch: Patch) -> list[int]:
     return [subject + 1, header_end + 1, *range(body + 1, body + 1 + count)]
 
 
+def _one_reference(line: str) -> bool:
+    """A line that is a single path or URL and nothing else: wrapping it would break it."""
+    token = line.strip()
+    return bool(token) and not any(char.isspace() for char in token) and ("/" in token)
+
+
 def length_problems(patch: Patch, series: str) -> list[str]:
     """Why the message does not fit one screen: too many lines, or a line wider than 72 (empty: it fits)."""
     prose = prose_lines(patch)
@@ -100,7 +107,7 @@ def length_problems(patch: Patch, series: str) -> list[str]:
             "from the message on one line"
         )
     for number, line in enumerate(prose):
-        if len(line) > MESSAGE_MAX_WIDTH:
+        if len(line) > MESSAGE_MAX_WIDTH and (number == 0 or not _one_reference(line)):
             what = "the subject" if number == 0 else f"message line {number + 1}"
             problems.append(
                 f"{what} (line {where[number]} of the file) is {len(line)} characters wide "

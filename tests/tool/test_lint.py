@@ -411,3 +411,17 @@ def test_a_line_wider_than_72_is_reported_with_its_line_in_the_file(project, mak
         "patches/demo/core-change-line-20.patch: the subject (line 4 of the file) is 73 characters wide "
         "(at most 72): shorten it"
     ]
+
+
+def test_a_path_alone_on_its_line_may_be_wider_than_72(project, make_patch, upstream_dir):
+    path = make_patch(upstream_dir, change_line_20, "core: change line 20")
+    text = path.read_text()
+    link = "docs/patches/demo/" + "a-long-name-of-the-evidence-page-for-this-patch-" * 2 + ".md"
+    assert len(link) > 72
+    path.write_text(text.replace("The change.\n", f"Every case:\n{link}\n"))
+    assert problems(project) == []
+    path.write_text(text.replace("The change.\n", f"Every case: {link}\n"))
+    assert [p for p in problems(project) if "wide" in p] == [
+        f"patches/demo/core-change-line-20.patch: message line 9 (line 12 of the file) is {len(link) + 12} "
+        "characters wide (at most 72): wrap it"
+    ]
