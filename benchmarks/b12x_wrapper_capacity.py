@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Which FlashInfer B12x wrapper capacities flashinfer accepts (route-sanitization series, issue 21).
+"""Which FlashInfer B12x wrapper capacities flashinfer accepts (route-sanitization series, its third round).
 
 Without EP, FlashInferB12xExperts builds flashinfer's ``B12xMoEWrapper(use_cuda_graph=True)`` for
 max_num_tokens x DP size x PCP size tokens. flashinfer sizes the wrapper's workspaces for that many

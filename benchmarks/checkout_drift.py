@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""What a full apply's checkout costs on this machine's file system, and why it moves (issue 24, job 4).
+"""What a full apply's checkout costs on this machine's file system, and why it moves (speed job 4).
 
 A full apply and the hand way both write the upstream's 8,500 files with ``git checkout``; that
 write is most of either side's time, so its cost decides the ratio speed_tool_vs_git.py prints.

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Builds what benchmarks/device_qualify.sh needs on the GPU machine (issue 8),
+# Builds what benchmarks/device_qualify.sh needs on the GPU machine (GPU qualification),
 # here, from the committed series: the device has no package registry and a
 # call carries at most 64 MiB, so everything goes into one tar split into parts
 # that consecutive calls on one warm machine carry (build/stage/pN, git-ignored).

@@ -1,5 +1,5 @@
 #!/bin/bash
-# GPU qualification driver for issue 8 (run on the device machine, repo root).
+# GPU qualification driver (docs/qualification.md; run on the device machine, repo root).
 # Needs the parts benchmarks/device_carry.sh makes (build/stage/p0..pN, carried
 # by consecutive calls on one warm machine; the last part holds carry.sha256).
 # Unpacks vllm/ twice under /tmp/v: pristine (the upstream tag) and patched

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""Where one apply's CPU goes, git process by git process, beside the hand way's (issue 24, jobs 3 and 4).
+"""Where one apply's CPU goes, git process by git process, beside the hand way's (speed jobs 3 and 4).
 
 speed_tool_vs_git.py gives each side's total; this script says what the totals are made of. With
 ``--jobs full`` (the default) it runs, alternately, ``--repeat`` times each:

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""What single git steps of a re-apply and of a full apply cost, each beside its alternative (issue 24).
+"""What single git steps of a re-apply and of a full apply cost, each beside its alternative (docs/speed.md).
 
 The figures docs/speed.md quotes for the choices made in the apply engine and the git settings
 of the tool, measured the same way as speed_tool_vs_git.py (the two variants of a step run

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Bytes the B12x MoE layers' route guards hold (route-sanitization series, issue 49 item 6).
+"""Bytes the B12x MoE layers' route guards hold (route-sanitization series; they come out of the KV cache).
 
 The route guard (fused_moe/route_guard.py) writes sanitized int32 ids and float32 weights of
 [max_num_tokens x DP x PCP, top_k] routes into buffers taken when each layer is built, before the

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Expert-0 work the B12x route guard adds for padded rows (route-sanitization series, issue 21).
+"""Expert-0 work the B12x route guard adds for padded rows (route-sanitization series, its third round).
 
 With VLLM_MOE_SKIP_PADDING on (the default) vLLM's routers write expert id -1 into every padded
 row, and flashinfer 0.7.2.post1's B12x kernels skip a negative id (no row, no work). A guard that

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""test-patches with nothing changed (issue 24: under 10 s wall), and its environment check.
+"""test-patches with nothing changed (the speed target: under 10 s wall), and its environment check.
 
 1. The environment check alone, ALTERNATELY: the stat-kept proof ``testenv.ensure`` uses now
    (``envproof.verify``: only files whose stat changed are hashed) beside the full RECORD hash

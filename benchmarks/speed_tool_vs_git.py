@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""The tool beside the hand way with git, job by job (issue 24): both medians and their ratio.
+"""The tool beside the hand way with git, job by job (docs/speed.md's targets): both medians and their ratio.
 
 Each job runs the tool's command and the equivalent plain git commands ALTERNATELY (tool, hand,
 hand, tool, tool, hand, ...) in one run, so both see the same machine load and the same drift;

@@ -2,7 +2,7 @@
 
 Only the verb being run is imported (with the modules it needs): every other verb is listed by
 its one-line help alone, so ``--help`` and the start of any command do not pay for the imports
-of all of them (issue 24: under 0.3 s CPU).
+of all of them (the speed target: under 0.3 s CPU).
 """
 
 from __future__ import annotations

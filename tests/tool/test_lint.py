@@ -243,7 +243,7 @@ def test_a_folded_forwarded_value_is_read_as_git_unfolds_it(project, make_patch,
 
 
 def test_a_case_variant_of_git_and_a_gitattributes_file_are_flagged(project, make_patch, upstream_dir):
-    """Issue 51 items 10 and 13."""
+    """On a case-insensitive file system ``.GIT`` is ``.git``; attributes steer git's conversions."""
     path = make_patch(upstream_dir, change_line_20, "core: change line 20")
     text = path.read_text()
     path.write_text(text.replace("vllm/core.py", ".GIT/config"))
@@ -256,7 +256,7 @@ def test_a_case_variant_of_git_and_a_gitattributes_file_are_flagged(project, mak
 
 
 def test_lint_into_a_closed_pipe_ends_quietly(project, make_patch, upstream_dir):
-    """Issue 51 item 4: ``lint-patches | head -1`` died with a BrokenPipeError traceback."""
+    """Before: ``lint-patches | head -1`` died with a BrokenPipeError traceback."""
     import subprocess
     import sys
 

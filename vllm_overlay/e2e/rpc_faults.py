@@ -1,4 +1,4 @@
-"""Failing utility and collective calls on real servers while clients stream (issue 50 item 4).
+"""Failing utility and collective calls on real servers while clients stream (``serve-e2e --faults``).
 
 Every call goes through vLLM's own endpoints, as a user or an RL framework makes it: the dev-mode
 routes (``VLLM_SERVER_DEV_MODE=1``: /collective_rpc, /reset_prefix_cache, /sleep, /wake_up) and
@@ -56,7 +56,7 @@ STREAM_TOKENS = 96  # long enough that a stream spans a call; prompt + this < --
 # The longest a stream may go without a chunk (urllib's read timeout): a healthy engine sends one every
 # few milliseconds here; a stream silent this long is stuck in a hung engine.
 STREAM_TIMEOUT_S = 60.0
-BURST_CI = 100  # back-to-back failing calls per burst in CI: the issue's count (docs/e2e.md: what they cost)
+BURST_CI = 100  # back-to-back failing calls per burst in CI: the count asked for (docs/e2e.md: what they cost)
 BURST_DEEP = 1000  # --deep: ten times that, for a long run
 
 CASES = (

@@ -258,7 +258,7 @@ def test_output_file_system_full_keeps_the_previous_tree(built, project, upstrea
 def test_a_git_step_that_runs_out_of_space_says_the_disk_is_full(
     built, project, upstream_dir, small_tmpfs, capsys, left
 ):
-    """Issue 51 item 12: git's own words ("failed to write new configuration file .../config.lock",
+    """Before: git's own words ("failed to write new configuration file .../config.lock",
     "could not write to ...") were all a full disk got. With this much left, the clone or git am runs
     out of space part way (which one depends on ``left``)."""
     target = small_tmpfs / "patched"

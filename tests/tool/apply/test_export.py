@@ -311,7 +311,7 @@ def test_sigterm_during_export_leaves_nothing_half_written(project, make_patch, 
 def test_a_signal_before_the_write_says_in_one_line_that_patches_is_unchanged(
     project, make_patch, upstream_dir, store_env, env_name, signal_name
 ):
-    """Issue 51 item 4: Ctrl-C gave a KeyboardInterrupt traceback, SIGTERM ended the run with no line."""
+    """Before: Ctrl-C gave a KeyboardInterrupt traceback, SIGTERM ended the run with no line."""
     from tests.tool.helpers.processes import Forked
 
     make_patch(upstream_dir, change_line_20, "core: change line 20")

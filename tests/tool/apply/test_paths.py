@@ -150,7 +150,7 @@ index 0000000..e69de29
     [".git/config", ".GIT/config", "vllm/.Git/hooks/x", ".git./config", ".git /config", "GIT~1/config", ".g\u200cit/x"],
 )
 def test_every_name_a_file_system_reads_as_git_is_refused(name):
-    """Issue 51 item 10: on a case-insensitive file system ``.GIT/config`` is ``.git/config``."""
+    """On a case-insensitive file system ``.GIT/config`` is ``.git/config``."""
     patch = series.parse_patch_bytes(NEW_FILE_PATCH.format(name=name).encode(), Path("x"), "demo/x.patch")
     assert any("inside .git" in problem for problem in paths.problems(patch)), paths.problems(patch)
 
@@ -176,7 +176,7 @@ def test_apply_refuses_a_patch_into_a_case_variant_of_git(project, make_patch, u
 
 
 def test_lint_flags_a_patch_that_writes_gitattributes():
-    """Issue 51 item 13: attributes steer the tree's conversions; lint says so, as export refuses it."""
+    """Attributes steer the tree's conversions; lint says so, as export refuses it."""
     for name in (".gitattributes", "vllm/.GitAttributes"):
         patch = series.parse_patch_bytes(NEW_FILE_PATCH.format(name=name).encode(), Path("x"), "demo/x.patch")
         assert paths.attribute_files(patch) == [name]

@@ -96,7 +96,7 @@ def _finish_within(process, seconds: float) -> tuple[int, str] | None:
 
 
 def test_no_wait_does_not_wait_for_the_cache_lock(project, make_patch, upstream_dir, store_env):
-    """Issue 51 item 6: --no-wait while another run held the cache's lock waited silently (40 s and on)."""
+    """Before: --no-wait while another run held the cache's lock waited silently (40 s and on)."""
     from tests.tool.helpers.processes import Forked
 
     make_patch(upstream_dir, change_line_20, "core: change line 20")

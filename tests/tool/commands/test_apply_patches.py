@@ -128,7 +128,7 @@ def test_an_unwritable_report_path_is_refused_before_any_work(built, upstream_di
 
 
 def test_one_patch_listed_twice_through_a_symlink_is_a_duplicate(built, upstream_dir, capsys):
-    """Issue 51 item 9: the second listing reverse-applied and was reported as "already-upstream"."""
+    """The second listing reverse-applied and was reported as "already-upstream"."""
     before = patched_head(built)
     (built / "patches" / "demo" / "again.patch").symlink_to("core-change-line-20.patch")
     series_file = built / "patches" / "series"
@@ -158,7 +158,7 @@ def test_one_patch_listed_twice_through_a_symlink_is_a_duplicate(built, upstream
     ],
 )
 def test_a_name_that_looks_like_another_is_shown_escaped(built, upstream_dir, capsys, listed, says):
-    """Issue 51 item 9: "listed in series but the file does not exist" named, raw, a file that looks
+    """Before: "listed in series but the file does not exist" named, raw, a file that looks
     identical to one that exists. Such a name is refused where the series is read, shown escaped."""
     series_file = built / "patches" / "series"
     series_file.write_text(series_file.read_text().replace("demo/core-change-line-20.patch", listed))

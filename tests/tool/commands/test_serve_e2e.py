@@ -243,7 +243,7 @@ def nothing_fetched(monkeypatch):
 def test_a_count_or_timeout_that_cannot_work_is_refused_up_front(
     project, served, nothing_fetched, capsys, flag, value, says
 ):
-    """Issue 51 item 5: --clients 0 and --ready-timeout -1 or nan went on to fetch the runtime."""
+    """Before: --clients 0 and --ready-timeout -1 or nan went on to fetch the runtime."""
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["serve-e2e", "--project", str(carried(project)), f"{flag}={value}"])
     assert exit_info.value.code == 2
@@ -253,7 +253,7 @@ def test_a_count_or_timeout_that_cannot_work_is_refused_up_front(
 
 @pytest.mark.parametrize("under", [False, True])
 def test_an_out_that_is_a_file_is_refused_up_front(project, served, nothing_fetched, capsys, tmp_path, under):
-    """Issue 51 item 5: --out naming a file (or a path under one) ended in FileExistsError/NotADirectoryError."""
+    """Before: --out naming a file (or a path under one) ended in FileExistsError/NotADirectoryError."""
     a_file = tmp_path / "results.txt"
     a_file.write_text("mine\n")
     out = a_file / "e2e" if under else a_file

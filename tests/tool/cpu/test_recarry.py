@@ -146,7 +146,7 @@ def test_a_name_the_release_does_not_define_is_found_in_the_carried_files(tmp_pa
 
 
 def test_a_finished_carry_leaves_nothing_in_progress(tmp_path, monkeypatch):
-    """Issue 51 item 11: carry-cpu after a finished carry refused with "a carry is in progress"
+    """Before: carry-cpu after a finished carry refused with "a carry is in progress"
     (build/carry-cpu/bump was left behind as if stopped). The real finish runs on a bump repository
     whose git am went through; only what needs the package index (the release's new lock) and the
     export of its commits (none here: an empty series) stand in."""

@@ -246,7 +246,7 @@ def test_an_unreachable_main_index_is_named_when_an_extra_index_has_nothing(monk
 
 
 def test_the_install_section_is_read_as_pip_install_reads_it(tmp_path):
-    """Issue 51 item 7: an [install] index-url mirror was ignored (the tool read [download], pip download's)."""
+    """Before: an [install] index-url mirror was ignored (the tool read [download], pip download's)."""
     (tmp_path / "pip.conf").write_text(
         "[global]\nindex-url = http://127.0.0.1:9/global\n[install]\nindex-url = http://127.0.0.1:9/mirror\n"
         "[download]\nindex-url = http://127.0.0.1:9/download-only\n"
@@ -255,7 +255,7 @@ def test_the_install_section_is_read_as_pip_install_reads_it(tmp_path):
 
 
 def test_no_index_reads_no_index_not_even_an_extra_one(tmp_path, store_env):
-    """Issue 51 item 7: ``no-index = true`` with an extra index used the extra one."""
+    """Before: ``no-index = true`` with an extra index used the extra one."""
     (tmp_path / "pip.conf").write_text("[global]\nno-index = true\nextra-index-url = http://127.0.0.1:9/extra\n")
     assert indexes.configured() == []
     with pytest.raises(upstream_trees.SourceError, match="no package index to read: pip install's configuration"):
@@ -263,7 +263,7 @@ def test_no_index_reads_no_index_not_even_an_extra_one(tmp_path, store_env):
 
 
 def test_find_links_is_honoured(tmp_path, store_env):
-    """Issue 51 item 7: a wheelhouse named by find-links (with no-index, as an offline machine sets it)."""
+    """A wheelhouse named by find-links (with no-index, as an offline machine sets it)."""
     archive = release_archive(tmp_path, "9.9.8")
     wheelhouse = tmp_path / "wheelhouse"
     wheelhouse.mkdir()

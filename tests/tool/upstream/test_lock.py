@@ -47,7 +47,7 @@ def test_write_is_atomic_and_readable(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["upstream.lock"]
 
 
-# Issue 51 item 2: the lock's project and version name files in the cache and a git tag.
+# The lock's project and version name files in the cache and a git tag.
 @pytest.mark.parametrize(
     ("old", "new", "message"),
     [
@@ -97,7 +97,7 @@ def test_a_download_symlinked_out_of_the_cache_is_refused(tmp_path):
         store.download("vllm-0.33.0.tar.gz")
 
 
-# Issue 51 item 3: every key's type is checked and named; nothing ends in a traceback.
+# Every key's type is checked and named; nothing ends in a traceback.
 def _without_tables(text: str, prefix: str) -> str:
     """The lock with every [prefix...] table (header to blank line) removed."""
     kept, skipping = [], False

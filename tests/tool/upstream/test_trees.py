@@ -176,7 +176,7 @@ def test_a_git_upstream_with_a_submodule_is_refused_by_name(tmp_path, store_env)
 
 
 def test_a_cached_sdist_that_failed_its_check_is_named_before_the_index(store_env, monkeypatch, capsys):
-    """Issue 51 item 8: the cached sdist no longer matched its sha256 and the index was unreachable:
+    """Before: the cached sdist no longer matched its sha256 and the index was unreachable:
     the error spoke only of the index."""
     import socket
 
@@ -221,7 +221,7 @@ class _Trickle(http.server.BaseHTTPRequestHandler):
 
 
 def test_a_trickling_download_stops_at_its_deadline_saying_so(tmp_path, monkeypatch):
-    """Issue 51 item 12: a package index sending a byte every few seconds had no overall deadline."""
+    """Before: a package index sending a byte every few seconds had no overall deadline."""
     import time
 
     from vllm_overlay import transfer

@@ -75,7 +75,7 @@ def test_option_shaped_base_of_with_patched_vllm_is_refused(
 
 
 def test_gitattributes_in_the_upstream_steer_neither_the_import_nor_the_working_tree(project, make_patch, tmp_path):
-    """Issue 51 item 13: ``* text eol=crlf`` in the upstream directory gave build/patched a CR on every
+    """Before: ``* text eol=crlf`` in the upstream directory gave build/patched a CR on every
     line of files that have none (and would have stripped the CRs of one that has them on import):
     the working tree was not the committed tree. Attributes are off in every repository the tool makes."""
     upstream = write_upstream(tmp_path / "up")
