@@ -13,8 +13,11 @@ sends them) and prints the median in microseconds per TP size.
 
 Sides alternate, process by process, for --rounds rounds, so drift of the
 machine hits them alike (--before adds an earlier revision's tree to the
-alternation). Printed last: the medians over rounds, and the fastest round
-of each side: on a shared 2-core machine a round is sometimes slowed
+alternation, and pristine runs twice a round: the second, "control", is
+what the machine alone makes of two identical sides). Printed last: the
+medians over rounds, the paired difference per round with a sign test
+(a side is distinguishable from pristine where p < 0.05; read it beside
+the control's), and the fastest round of each side: on a shared 2-core machine a round is sometimes slowed
 several-fold by other work (a run's ranks are threads that spin while they
 wait), and the least disturbed round is the closest to an idle machine.
 A tree is laid over the installed vllm with scripts/with-patched-vllm;
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -71,6 +75,17 @@ def measure(tp_sizes: list[int], rpcs: int, async_scheduling: bool = False) -> d
         # only after that.
         time.sleep(SETTLE_S)
     return timings
+
+
+SIGNIFICANCE = 0.05
+
+
+def sign_test(slower: int, rounds: int) -> float:
+    """Two-sided p of `slower` rounds of `rounds` under "either side as likely to be slower"."""
+    if rounds == 0:
+        return 1.0
+    tail = min(slower, rounds - slower)
+    return min(1.0, 2 * sum(math.comb(rounds, k) for k in range(tail + 1)) / 2**rounds)
 
 
 def run_side(
@@ -129,6 +144,9 @@ def main() -> int:
     sides: list[tuple[str, str | None]] = [("pristine", args.pristine), ("patched", args.tree)]
     if args.before:
         sides.append(("before", args.before))
+    # Pristine once more in every round: its differences from the first pristine run are the
+    # machine's own noise, the yardstick "distinguishable" is read against below.
+    sides.append(("control", args.pristine))
     results: dict[str, list[dict[int, float]]] = {side: [] for side, _ in sides}
     for rnd in range(args.rounds):
         for side, tree in sides:
@@ -145,15 +163,21 @@ def main() -> int:
             line += f"  {side} {value:7.1f} us ({value - pristine:+6.1f} us)"
         print(line)
     # Paired within each round (the sides ran one after the other): the
-    # median difference and in how many rounds the patched side was slower.
-    # Where the sign follows no side, the rounds do not tell them apart.
-    print(f"paired by round ({args.rounds} rounds):")
+    # median difference, in how many rounds the side was slower, and the
+    # two-sided sign test's p. "control" is pristine beside itself: what the
+    # machine alone makes of two identical sides.
+    print(f"paired by round ({args.rounds} rounds; distinguishable: sign test p < {SIGNIFICANCE}):")
     for tp in args.tp:
         line = f"  TP={tp}:"
         for side in [s for s in results if s != "pristine"]:
             diffs = [r[tp] - p[tp] for r, p in zip(results[side], results["pristine"], strict=True)]
             slower = sum(d > 0 for d in diffs)
-            line += f"  {side} {statistics.median(diffs):+6.1f} us, slower in {slower}/{len(diffs)} rounds"
+            p_value = sign_test(slower, sum(d != 0 for d in diffs))
+            verdict = "distinguishable" if p_value < SIGNIFICANCE else "not distinguishable"
+            line += (
+                f"  {side} {statistics.median(diffs):+6.1f} us, slower in {slower}/{len(diffs)} rounds"
+                f" (p={p_value:.3f}, {verdict})"
+            )
         print(line)
     # On a shared machine some rounds are slowed by other work; the least
     # disturbed round of each side is the closest to an idle machine.

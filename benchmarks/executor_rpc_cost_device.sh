@@ -4,6 +4,7 @@
 # spinning rank threads are often descheduled (docs/measurements.md).
 #
 #   benchmarks/executor_rpc_cost_device.sh carry          # here: build/rpc-device (git-ignored, ~25 MB)
+#   BEFORE=<commit of build/patched> benchmarks/executor_rpc_cost_device.sh carry   # and an earlier series
 #   bash build/rpc-device/executor_rpc_cost_device.sh run [BENCHMARK ARGS]   # on the device
 #
 # The carry: vllm/ at the upstream tag of build/patched, the vllm/ files the series changes at its
@@ -23,6 +24,11 @@ if [ "$mode" = carry ]; then
   git -C $tree archive --format=tar "$base" vllm | gzip -6 >$d/vllm-base.tar.gz
   mapfile -t changed < <(git -C $tree diff --name-only "$base" HEAD -- vllm)
   git -C $tree archive --format=tar HEAD "${changed[@]}" | gzip >$d/overlay-patched.tar.gz
+  if [ -n "${BEFORE:-}" ]; then
+    # The earlier series' files: those it changes, plus those HEAD changes that it left as upstream.
+    mapfile -t before_changed < <(git -C $tree diff --name-only "$base" "$BEFORE" -- vllm)
+    git -C $tree archive --format=tar "$BEFORE" "${before_changed[@]}" | gzip >$d/overlay-before.tar.gz
+  fi
   cp benchmarks/executor_rpc_cost.py $d/benchmarks/
   cp tests/patches/queue-event-ownership/qeo_worker_pipeline.py $d/tests/patches/queue-event-ownership/
   cp benchmarks/executor_rpc_cost_device.sh $d/
@@ -30,6 +36,7 @@ if [ "$mode" = carry ]; then
   {
     echo "pristine $(git -C $tree rev-parse "$base") ($base)"
     echo "patched $(git -C $tree rev-parse HEAD) ($(git -C $tree rev-list --count "$base"..HEAD) patches)"
+    [ -z "${BEFORE:-}" ] || echo "before $(git -C $tree rev-parse "$BEFORE")"
     echo "project $(git rev-parse HEAD)"
     printf '%s\n' "${changed[@]}"
   } >$d/MANIFEST
@@ -47,15 +54,18 @@ export PYTHONUNBUFFERED=1 VLLM_LOGGING_LEVEL=WARNING
   cat "$d/MANIFEST"
 } >"$OUT/env.txt" 2>&1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$d"/wheels/*.whl
-for v in pristine patched; do
+sides=(pristine patched)
+[ ! -f "$d/overlay-before.tar.gz" ] || sides+=(before)
+for v in "${sides[@]}"; do
   t=/tmp/v/$v; rm -rf $t; mkdir -p $t
   tar -xzf "$d/vllm-base.tar.gz" -C $t
-  [ $v = pristine ] || tar -xzf "$d/overlay-patched.tar.gz" -C $t
+  [ $v = pristine ] || tar -xzf "$d/overlay-$v.tar.gz" -C $t
   printf '# stand-in: compiled extension not carried to the device\n' >$t/vllm/_C_stable_libtorch.py
   mkdir -p $t/vllm-0.33.0.dist-info
   printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.33.0\n' >$t/vllm-0.33.0.dist-info/METADATA
 done
 export PYTHONPATH=/tmp/site
+before=""; [ ! -d /tmp/v/before ] || before=1
 python3 "$d/benchmarks/executor_rpc_cost.py" --python python3 --pythonpath-of-trees \
-  --pristine /tmp/v/pristine --tree /tmp/v/patched "$@" 2>&1 | tee "$OUT/executor_rpc_cost.txt"
+  --pristine /tmp/v/pristine --tree /tmp/v/patched ${before:+--before /tmp/v/before} "$@" 2>&1 | tee "$OUT/executor_rpc_cost.txt"
 echo "exit status: ${PIPESTATUS[0]}" | tee -a "$OUT/executor_rpc_cost.txt"
