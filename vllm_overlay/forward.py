@@ -6,7 +6,10 @@ exactly that from a patch of the series, and changes nothing in patches/:
 
 * the pinned upstream is checked out into ``build/forward/<patch>`` on a branch
   ``forward/<patch>``, and the patch's diff is applied there alone: a patch made on top of an
-  earlier patch of its series is refused, naming the patch it needs;
+  earlier patch is refused, naming the patch it needs and the ``--onto`` command that stacks it;
+* with ``onto`` (``forward/<earlier patch>``), the branch starts from that earlier patch's
+  forwarded branch instead, as a contributor stacks dependent pull requests: the earlier
+  commit(s), then this patch's one commit, whose test is red on the commit it sits on;
 * its ported regression test, a vLLM-style test file kept in this repository at
   ``tests/patches/<series>/upstream/<patch>/<path in vLLM's tree>``, is copied to that path;
 * the commit's title is ``<tag> <subject>`` (``title_tag``), its body the patch's Why and How, its
@@ -19,6 +22,7 @@ exactly that from a patch of the series, and changes nothing in patches/:
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import re
 import shutil
@@ -44,6 +48,7 @@ DEFAULT_TAG = "[Bugfix]"
 TAG_RE = re.compile(r"^(\[[A-Za-z0-9/ _.-]+\])+$")
 # Where a patch's ported test lives, under tests/patches/<series>/.
 PORTED_DIR = "upstream"
+BRANCH_PREFIX = "forward/"
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 
@@ -68,15 +73,32 @@ class PortedTest:
 
 
 @dataclass(frozen=True)
+class StackBase:
+    """An earlier patch's forwarded branch that a dependent patch's branch is stacked on."""
+
+    patch: Patch
+    tree: Path  # build/forward/<earlier patch>
+    branch: str  # forward/<earlier patch>
+    commit: str  # its tip: the commit the dependent commit sits on
+    title: str  # its tip's subject: the pull request the dependent one needs first
+
+
+@dataclass(frozen=True)
 class ForwardBranch:
     tree: Path
     branch: str
-    base: str  # the upstream commit the branch starts from
+    base: str  # the commit the patch's commit sits on: the upstream's, or a StackBase's tip
     commit: str
     title: str
     message: str
     files: tuple[str, ...]  # every file the commit touches
     tests: tuple[str, ...]  # the ported tests, as paths in vLLM's tree
+    release: str = ""  # the upstream commit the branch starts from, when not ``base`` (stacked)
+    onto: StackBase | None = None
+
+    @property
+    def upstream(self) -> str:
+        return self.release or self.base
 
 
 def user_identity(cwd: Path) -> Identity:
@@ -103,6 +125,32 @@ def find_patch(patches: list[Patch], spec: str) -> tuple[Patch, list[Patch]]:
         if series_of(patch) == series_name and patch_stem(patch) == stem:
             return patch, patches[:index]
     raise ForwardError(f"{spec!r} names no patch listed in patches/series")
+
+
+def find_onto(project_root: Path, patches: list[Patch], patch: Patch, onto: str, upstream: str) -> StackBase:
+    """The forwarded branch ``onto`` (``forward/<earlier patch>``) names, built on ``upstream``:
+    refused when it names no earlier patch, or is not built yet (with the command that builds it)."""
+    stem = onto.removeprefix(BRANCH_PREFIX)
+    earlier = next((p for p in patches if patch_stem(p) == stem), None)
+    if earlier is None:
+        raise ForwardError(f"--onto {onto}: no patch of patches/series is named {stem}")
+    if patches.index(earlier) >= patches.index(patch):
+        raise ForwardError(f"--onto {onto}: {earlier.name} does not come before {patch.name} in patches/series")
+    tree = project_root / "build" / "forward" / stem
+    branch = BRANCH_PREFIX + stem
+    if not (tree / ".git").exists() or gitcmd.run(tree, "rev-parse", "--verify", "--quiet", branch)[0] != 0:
+        raise ForwardError(
+            f"--onto {branch}: {tree.relative_to(project_root)} holds no branch {branch}; "
+            f"make it first with `scripts/forward {series_of(earlier)}/{stem}`"
+        )
+    commit = gitcmd.git(tree, "rev-parse", branch).strip()
+    if gitcmd.run(tree, "merge-base", "--is-ancestor", upstream, commit)[0] != 0:
+        raise ForwardError(
+            f"--onto {branch}: it is not built on the upstream release {upstream[:12]}; make it again with "
+            f"`scripts/forward {series_of(earlier)}/{stem} --replace`"
+        )
+    title = gitcmd.git(tree, "log", "-1", "--format=%s", commit).strip()
+    return StackBase(earlier, tree, branch, commit, title)
 
 
 def series_of(patch: Patch) -> str:
@@ -185,21 +233,27 @@ def _imported_modules(text: str, path: Path) -> set[str]:
     return names
 
 
-def apply_alone(tree: Path, patch: Patch, earlier: list[Patch], scratch: Path) -> None:
-    """Apply the patch's diff to the tree's index and files; refuse one that needs an earlier patch."""
+def apply_alone(tree: Path, patch: Patch, earlier: list[Patch], scratch: Path, onto: StackBase | None = None) -> None:
+    """Apply the patch's diff to the tree's index and files; refuse one that needs an earlier patch
+    (one the tree's branch does not hold), naming the ``--onto`` command that stacks it on that one."""
     mail = scratch / "patch.mail"
     mail.write_bytes(patch.raw)
+    where = "the upstream release" if onto is None else onto.branch
     code, _, err = gitcmd.run(tree, "apply", "--index", "--check", str(mail))
     if code != 0:
-        needed = _needed_earlier(tree, mail, earlier, scratch)
+        candidates = earlier if onto is None else earlier[earlier.index(onto.patch) + 1 :]
+        needed = _needed_earlier(tree, mail, candidates, scratch)
         if needed is not None:
             whose = "of its series" if series_of(needed) == series_of(patch) else f"of the {series_of(needed)} series"
-            raise ForwardError(
-                f"{patch.name} does not apply alone on the upstream release: it is made on top of "
-                f"{needed.name} (the earlier patch {whose} it needs, with those before it); forward that one "
-                "first, or fold them into one pull request"
+            stacked = (
+                f"scripts/forward {series_of(patch)}/{patch_stem(patch)} --onto {BRANCH_PREFIX}{patch_stem(needed)}"
             )
-        raise ForwardError(f"{patch.name} does not apply on the upstream release: {err.strip().splitlines()[-1]}")
+            raise ForwardError(
+                f"{patch.name} does not apply alone on {where}: it is made on top of "
+                f"{needed.name} (the earlier patch {whose} it needs, with those before it); forward that one "
+                f"first and stack this one on it (`{stacked}`), or fold them into one pull request"
+            )
+        raise ForwardError(f"{patch.name} does not apply on {where}: {err.strip().splitlines()[-1]}")
     gitcmd.git(tree, "apply", "--index", str(mail))
 
 
@@ -226,8 +280,10 @@ def make_branch(
     earlier: list[Patch],
     identity: Identity,
     base: str,
+    onto: StackBase | None = None,
 ) -> ForwardBranch:
-    """Check the upstream out at ``dest`` (``clone(dest)``) and commit the patch and its ported test there."""
+    """Check the upstream out at ``dest`` (``clone(dest)``), or with ``onto`` that earlier forwarded
+    branch, and commit the patch and its ported test there."""
     tests = ported_tests(project_root, patch)
     message = commit_message(patch, identity)
     if dest.exists():
@@ -237,22 +293,35 @@ def make_branch(
     partial = dest.with_name(f".{dest.name}.partial")
     shutil.rmtree(partial, ignore_errors=True)
     try:
-        branch = _commit_in(clone, partial, patch, earlier, identity, tests, message)
+        checkout = clone if onto is None else functools.partial(clone_stack, onto)
+        branch = _commit_in(checkout, partial, patch, earlier, identity, tests, message, onto)
         partial.rename(dest)
     finally:
         shutil.rmtree(partial, ignore_errors=True)
     commit = gitcmd.git(dest, "rev-parse", "HEAD").strip()
-    files = gitcmd.git(dest, "diff", "--name-only", "--no-renames", base, commit).split()
+    sits_on = base if onto is None else onto.commit
+    files = gitcmd.git(dest, "diff", "--name-only", "--no-renames", sits_on, commit).split()
     return ForwardBranch(
         tree=dest,
         branch=branch,
-        base=base,
+        base=sits_on,
         commit=commit,
         title=message.splitlines()[0],
         message=message,
         files=tuple(files),
         tests=tuple(t.upstream_path for t in tests),
+        release="" if onto is None else base,
+        onto=onto,
     )
+
+
+def clone_stack(onto: StackBase, dest: Path) -> None:
+    """Clone the earlier forwarded tree at ``dest``, its branch checked out (the upstream's tags come
+    along); no remote is kept, so the new tree stands alone once the earlier one is replaced."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    gitcmd.git(dest.parent, "clone", "--quiet", "--branch", onto.branch, "--", str(onto.tree), str(dest))
+    shutil.rmtree(dest / ".git" / "hooks", ignore_errors=True)
+    gitcmd.git(dest, "remote", "remove", "origin")
 
 
 def _commit_in(
@@ -263,13 +332,18 @@ def _commit_in(
     identity: Identity,
     tests: list[PortedTest],
     message: str,
+    onto: StackBase | None = None,
 ) -> str:
-    """Clone the upstream at ``dest`` and commit the patch and its ported tests there; the branch name."""
+    """Clone the upstream (or ``onto``'s tree) at ``dest`` and commit the patch and its ported tests
+    there, on a new branch; the branch name."""
     clone(dest)
-    branch = f"forward/{patch_stem(patch)}"
-    gitcmd.git(dest, "branch", "--move", "patched", branch)
+    branch = BRANCH_PREFIX + patch_stem(patch)
+    if onto is None:
+        gitcmd.git(dest, "branch", "--move", "patched", branch)
+    else:  # the earlier branch stays beside it, as the stacked pull request it depends on
+        gitcmd.git(dest, "switch", "--quiet", "--create", branch)
     with tempfile.TemporaryDirectory(prefix="forward-") as scratch:
-        apply_alone(dest, patch, earlier, Path(scratch))
+        apply_alone(dest, patch, earlier, Path(scratch), onto)
         for test in tests:
             target = dest / test.upstream_path
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -289,7 +363,7 @@ def _commit_in(
 
 @dataclass(frozen=True)
 class TestRun:
-    side: str  # "pristine" or "forwarded"
+    side: str  # "pristine" (or, stacked, the earlier branch's name) or "forwarded"
     exit_code: int
     summary: str  # pytest's closing line
     failures: tuple[str, ...]  # its FAILED / ERROR lines
@@ -305,25 +379,35 @@ class TestRun:
 
 
 def run_tests(python: Path, branch: ForwardBranch, workdir: Path, timeout: int = 300) -> tuple[TestRun, TestRun]:
-    """The ported tests on the pristine release, then on the forwarded tree (its vllm/ files laid over
-    the environment's pristine install as a shadow package), in vLLM's tests/ of the commit."""
+    """The ported tests on the commit the patch's commit sits on (the pristine release, or a stacked
+    branch's earlier commit), then on the forwarded commit: each tree's vllm/ files laid over the
+    environment's pristine install as a shadow package, in vLLM's tests/ of the commit."""
     from vllm_overlay.testrun.trees import export_tree, extract
 
     shutil.rmtree(workdir, ignore_errors=True)
     root = workdir / "root"
     export_tree(branch.tree, branch.commit, ["tests", "pyproject.toml"], root)
-    present, deleted = patched_repo.changed_between(branch.tree, branch.base, branch.commit, shadow.PACKAGE + "/")
-    replacements = extract(branch.tree, branch.commit, present, workdir / "files")
     installed = shadow.installed_package_dir(python)
-    shadow_dir = shadow.build_shadow(installed, replacements, deleted, workdir / "shadow")
+
+    def laid_over(commit: str, name: str) -> Path | None:
+        present, deleted = patched_repo.changed_between(branch.tree, branch.upstream, commit, shadow.PACKAGE + "/")
+        if not present and not deleted:
+            return None
+        replacements = extract(branch.tree, commit, present, workdir / name / "files")
+        return shadow.build_shadow(installed, replacements, deleted, workdir / name / "shadow")
+
+    red_side = "pristine" if branch.onto is None else branch.onto.branch
     runs = []
-    for side, pythonpath in (("pristine", None), ("forwarded", shadow_dir)):
+    for side, pythonpath in (
+        (red_side, laid_over(branch.base, "base")),
+        ("forwarded", laid_over(branch.commit, "commit")),
+    ):
         env = dict(os.environ, **OFFLINE_ENV, PYTHONDONTWRITEBYTECODE="1")
         if pythonpath is not None:
             env["PYTHONPATH"] = shadow.pythonpath_with(pythonpath, os.environ.get("PYTHONPATH"))
         command = [str(python), "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfE", "--color=no"]
         command += [f"--timeout={timeout}", f"--rootdir={root}", *branch.tests]
-        log = workdir / f"{side}.log"
+        log = workdir / f"{side.replace('/', '-')}.log"
         done = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, check=False)
         log.write_text("$ " + " ".join(command) + "\n" + done.stdout + done.stderr, encoding="utf-8")
         runs.append(_test_run(side, done.returncode, done.stdout, log))
@@ -344,16 +428,24 @@ def pr_body(
     sections = message_sections(patch.message)
     purpose = "\n\n".join(sections[h] for h in ("Why", "How", "Configurations covered") if sections.get(h))
     tests = " ".join(branch.tests)
-    lines = [
-        f"# {branch.title}",
-        "",
+    before = f"vLLM {version}" if branch.onto is None else f"vLLM {version} with {branch.onto.branch}"
+    lines = [f"# {branch.title}", ""]
+    if branch.onto is not None:
+        lines += [
+            f"Depends on {branch.onto.branch} ({branch.onto.title}): this branch holds that pull request's "
+            "commit(s) and then this one; merge that one first, and review only the last commit here.",
+            "",
+        ]
+    lines += [
         "## Purpose",
         "",
         purpose,
         "",
         "## Test Plan",
         "",
-        f"The regression test this PR adds, on vLLM {version} as released and with this change:",
+        f"The regression test this PR adds, on {before} as released and with this change:"
+        if branch.onto is None
+        else f"The regression test this PR adds, on {before} (the commit this one sits on) and with this change:",
         "",
         "```bash",
         f"pytest {tests}",
@@ -365,7 +457,7 @@ def pr_body(
     if runs is None:
         lines += ["Not run here (forwarded with --skip-test-run).", ""]
     else:
-        for run, label in zip(runs, (f"Without this change (vLLM {version})", "With this change"), strict=True):
+        for run, label in zip(runs, (f"Without this change ({before})", "With this change"), strict=True):
             lines += [f"{label}: `{run.summary}`", *(f"    {line}" for line in run.failures), ""]
     if checks:
         lines += [f"Pre-commit hooks of vLLM {version} (.pre-commit-config.yaml) that run offline:", ""]
@@ -622,8 +714,10 @@ def forward(
     replace: bool = False,
     test_run: bool = True,
     checks: bool = True,
+    onto: str | None = None,
 ) -> Outcome:
-    """Forward the patch ``spec`` (SERIES/PATCH): the branch, the red -> green run, the checks, the PR body."""
+    """Forward the patch ``spec`` (SERIES/PATCH): the branch, the red -> green run, the checks, the PR body;
+    with ``onto`` (``forward/<earlier patch>``) the branch is stacked on that earlier forwarded branch."""
     from vllm_overlay import output
     from vllm_overlay.env import testenv
     from vllm_overlay.store import Store
@@ -632,9 +726,11 @@ def forward(
 
     identity = user_identity(project_root)  # refused before anything is built
     locked = lock.load(project_root / lock.LOCK_NAME)
-    patch, earlier = find_patch(series.load_series(project_root / "patches"), spec)
+    patches = series.load_series(project_root / "patches")
+    patch, earlier = find_patch(patches, spec)
     store = Store()
     source = upstream_trees.obtain(upstream, locked, store)
+    stack_base = find_onto(project_root, patches, patch, onto, source.commit) if onto is not None else None
     out_dir = project_root / "build" / "forward"
     dest = out_dir / patch_stem(patch)
     if replace and dest.exists():
@@ -647,8 +743,10 @@ def forward(
         earlier,
         identity,
         source.commit,
+        stack_base,
     )
-    output.result(f"{branch.tree}: branch {branch.branch}, commit {branch.commit[:12]} {branch.title}")
+    on = "" if stack_base is None else f" on {stack_base.branch} {stack_base.commit[:12]}"
+    output.result(f"{branch.tree}: branch {branch.branch}, commit {branch.commit[:12]} {branch.title}{on}")
     env = testenv.ensure(locked, store) if test_run else None
     runs = run_tests(env.python, branch, out_dir / f".{patch_stem(patch)}.tests") if env is not None else None
     for run in runs or ():

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -127,6 +128,7 @@ def test_a_patch_that_needs_an_earlier_one_is_refused(project, upstream_dir, mak
 
     err = capsys.readouterr().err
     assert f"it is made on top of {first.parent.name}/{first.name} (the earlier patch of its series" in err
+    assert f"(`scripts/forward demo/{second.stem} --onto forward/{first.stem}`)" in err
     # Refused after the upstream was checked out: nothing of it is left for a next run to replace.
     assert list((project / "build" / "forward").iterdir()) == []
 
@@ -145,7 +147,105 @@ def test_a_patch_made_on_another_series_patch_names_it(project, upstream_dir, ma
 
     err = capsys.readouterr().err
     assert f"it is made on top of routes/{first.name} (the earlier patch of the routes series" in err
+    assert f"(`scripts/forward buffers/{second.stem} --onto forward/{first.stem}`)" in err
     assert list((project / "build" / "forward").iterdir()) == []
+
+
+def _two_stacked(project: Path, upstream_dir: Path, make_patch) -> tuple[Path, Path]:
+    """A patch and a second one made on top of it (another series), each with its ported test."""
+    first = make_patch(upstream_dir, change_line_20, "core: fix line 20", series="routes")
+    second = make_patch(
+        upstream_dir,
+        lambda tree: replace_line(tree / "vllm" / "core.py", "line_20 = 200\n", "line_20 = 2000\n"),
+        "core: share line 20",
+        series="buffers",
+    )
+    _port_test(project, first)
+    _port_test(project, second, rel="tests/test_shared.py", text=PORTED.replace("200", "2000"))
+    return first, second
+
+
+def test_stacked_branch_holds_the_earlier_commit_then_its_own(project, upstream_dir, make_patch, identity):
+    first, second = _two_stacked(project, upstream_dir, make_patch)
+    assert _forward(project, upstream_dir, first) == 0
+    earlier_commit = git(project / "build" / "forward" / first.stem, "rev-parse", "HEAD").strip()
+
+    assert _forward(project, upstream_dir, second, "--onto", f"forward/{first.stem}") == 0
+
+    tree = project / "build" / "forward" / second.stem
+    assert git(tree, "branch", "--show-current").strip() == f"forward/{second.stem}"
+    assert git(tree, "rev-parse", "HEAD^").strip() == earlier_commit
+    assert git(tree, "tag", "--points-at", "HEAD~2").strip().startswith("upstream/dir-")
+    assert git(tree, "log", "--format=%s", "HEAD~2..HEAD").splitlines() == [
+        "[Bugfix] core: share line 20",
+        "[Bugfix] core: fix line 20",
+    ]
+    assert git(tree, "rev-parse", f"forward/{first.stem}").strip() == earlier_commit
+    assert git(tree, "remote").strip() == ""
+    assert sorted(git(tree, "show", "--name-only", "--format=", "HEAD").split()) == [
+        "tests/test_shared.py",
+        "vllm/core.py",
+    ]
+    assert "line_20 = 2000" in (tree / "vllm" / "core.py").read_text()
+    body = (project / "build" / "forward" / f"{second.stem}.pr.md").read_text()
+    assert f"Depends on forward/{first.stem} ([Bugfix] core: fix line 20)" in body
+    assert "pytest tests/test_shared.py\n" in body
+
+
+def test_onto_a_branch_not_built_is_refused_with_the_command(project, upstream_dir, make_patch, identity, capsys):
+    first, second = _two_stacked(project, upstream_dir, make_patch)
+
+    assert _forward(project, upstream_dir, second, "--onto", f"forward/{first.stem}") == 2
+
+    err = capsys.readouterr().err
+    assert f"make it first with `scripts/forward routes/{first.stem}`" in err
+    assert not (project / "build" / "forward" / second.stem).exists()
+
+
+@pytest.mark.parametrize("onto", ["later", "unknown"])
+def test_onto_must_name_an_earlier_patch(project, upstream_dir, make_patch, identity, capsys, onto):
+    first, second = _two_stacked(project, upstream_dir, make_patch)
+    name = second.stem if onto == "later" else "no-such-patch"
+
+    assert _forward(project, upstream_dir, first, "--onto", f"forward/{name}") == 2
+
+    err = capsys.readouterr().err
+    if onto == "later":
+        assert f"--onto forward/{name}: buffers/{second.name} does not come before routes/{first.name}" in err
+    else:
+        assert "--onto forward/no-such-patch: no patch of patches/series is named no-such-patch" in err
+
+
+def test_stacked_red_is_measured_on_the_earlier_commit(project, upstream_dir, make_patch, identity, tmp_path):
+    """Red on the commit the stacked commit sits on (line 20 is 200 there, not the release's 20),
+    green on the stacked commit; the hooks see only the stacked commit's files."""
+    import sys
+
+    (upstream_dir / "pyproject.toml").write_text("[project]\nname = 'vllm'\n")  # vLLM's, beside its tests/
+    first, second = _two_stacked(project, upstream_dir, make_patch)
+    assert _forward(project, upstream_dir, first) == 0
+    outcome = forward.forward(
+        project,
+        f"buffers/{second.stem}",
+        upstream=str(upstream_dir),
+        test_run=False,
+        checks=False,
+        onto=f"forward/{first.stem}",
+    )
+    site = tmp_path / "site"  # the environment's "installed" vllm: the release's
+    shutil.copytree(upstream_dir / "vllm", site / "vllm")
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}{site}" exec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+
+    red, green = forward.run_tests(python, outcome.branch, tmp_path / "runs")
+
+    assert red.side == f"forward/{first.stem}"
+    assert red.red and green.green, (red.log.read_text(), green.log.read_text())
+    assert [line.split(" - ")[-1] for line in red.failures] == ["assert 200 == 2000"]
+    assert outcome.branch.files == ("tests/test_shared.py", "vllm/core.py")
+    body = forward.pr_body(outcome.branch.onto.patch, outcome.branch, "9.9.9", (red, green), [])
+    assert f"Without this change (vLLM 9.9.9 with forward/{first.stem}): `1 failed in" in body
 
 
 def test_ported_test_must_not_import_the_harness(project, upstream_dir, make_patch, identity, capsys):
