@@ -160,6 +160,18 @@ def user_setting(key: str, cwd: Path) -> str | None:
     return value if done.returncode == 0 and value else None
 
 
+def outside_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with git's variables as the user has them, not as the isolation sets them.
+
+    For a process that is the user's own run rather than a git process of the tool: the tool
+    tests that test-patches starts (some check what the tool does with the user's own git
+    configuration, which the isolation's injected settings would override)."""
+    user = _outside if _outside is not None else os.environ
+    kept = {k: v for k, v in env.items() if not k.startswith("GIT_")}
+    kept.update((k, v) for k, v in user.items() if k.startswith("GIT_"))
+    return kept
+
+
 def environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
     """``base`` (default: this process's environment) as every git process of the tool sees it."""
     base = dict(os.environ if base is None else base)

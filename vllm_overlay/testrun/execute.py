@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from vllm_overlay import git as gitcmd
 from vllm_overlay import junit
 from vllm_overlay.env import shadow
 from vllm_overlay.junit import Case
@@ -122,6 +123,9 @@ class Executor:
 
     def environment(self, job: Job) -> dict[str, str]:
         env = dict(self.base_env, **job.env)
+        if job.kind == "tool":
+            # The tool tests are a developer's pytest run: git as the user has it, not isolated.
+            env = gitcmd.outside_environment(env)
         if job.pythonpath is not None:
             env["PYTHONPATH"] = shadow.pythonpath_with(job.pythonpath, self.base_env.get("PYTHONPATH"))
         return env

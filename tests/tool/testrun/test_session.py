@@ -100,6 +100,31 @@ def test_tool_tests_run_in_the_tools_interpreter_not_the_vllm_environment(
     assert data["tool_tests"]["ok"] and not data["tool_tests"]["cached"], data["tool_tests"]
 
 
+
+def test_tool_tests_see_git_as_the_user_has_it_not_isolated(
+    fake_project: dict, tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """Some tool tests check what the tool does with the user's own git configuration (forward's
+    sign-off). Run with test-patches' isolated environment, the identity the isolation injects as
+    command-line settings overrode each test's own repository and home: 5 failed on a machine
+    with a global git identity, none where there is none."""
+    add_patch(fake_project, "Fix line one", "alpha", fix_line_one, RED_GREEN_TEST, "tests/test_core_upstream.py")
+    monkeypatch.setenv("GIT_AUTHOR_NAME", "Ada Outside")
+    tool_dir = fake_project["project"] / "tests" / "tool"
+    tool_dir.mkdir()
+    (tool_dir / "test_git_env.py").write_text(
+        "import os\n\n\n"
+        "def test_git_as_the_user_has_it():\n"
+        "    assert os.environ.get('GIT_CONFIG_GLOBAL') is None, os.environ.get('GIT_CONFIG_GLOBAL')\n"
+        "    assert 'GIT_CONFIG_COUNT' not in os.environ\n"
+        "    assert os.environ['GIT_AUTHOR_NAME'] == 'Ada Outside'\n"
+    )
+    code, data, _ = run_cli(fake_project, tmp_path, tool_tests=True)
+    out = capsys.readouterr()
+    assert code == 0, out.out + out.err
+    assert data["tool_tests"]["ok"], data["tool_tests"]
+
+
 ORACLE_TEXT = """\
 import os
 
