@@ -134,14 +134,7 @@ def test_a_patch_that_needs_an_earlier_one_is_refused(project, upstream_dir, mak
 
 
 def test_a_patch_made_on_another_series_patch_names_it(project, upstream_dir, make_patch, identity, capsys):
-    first = make_patch(upstream_dir, change_line_20, "core: fix line 20", series="routes")
-    second = make_patch(
-        upstream_dir,
-        lambda tree: replace_line(tree / "vllm" / "core.py", "line_20 = 200\n", "line_20 = 2000\n"),
-        "core: share line 20",
-        series="buffers",
-    )
-    _port_test(project, second)
+    first, second = _two_stacked(project, upstream_dir, make_patch)
 
     assert _forward(project, upstream_dir, second) == 2
 
