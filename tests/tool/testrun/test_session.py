@@ -100,7 +100,6 @@ def test_tool_tests_run_in_the_tools_interpreter_not_the_vllm_environment(
     assert data["tool_tests"]["ok"] and not data["tool_tests"]["cached"], data["tool_tests"]
 
 
-
 def test_tool_tests_see_git_as_the_user_has_it_not_isolated(
     fake_project: dict, tmp_path: Path, capsys, monkeypatch
 ) -> None:
