@@ -87,18 +87,18 @@ class StackBase:
 class ForwardBranch:
     tree: Path
     branch: str
-    base: str  # the commit the patch's commit sits on: the upstream's, or a StackBase's tip
+    base: str  # the upstream commit the branch starts from
     commit: str
     title: str
     message: str
     files: tuple[str, ...]  # every file the commit touches
     tests: tuple[str, ...]  # the ported tests, as paths in vLLM's tree
-    release: str = ""  # the upstream commit the branch starts from, when not ``base`` (stacked)
     onto: StackBase | None = None
 
     @property
-    def upstream(self) -> str:
-        return self.release or self.base
+    def sits_on(self) -> str:
+        """The commit the patch's commit sits on: the upstream's, or the earlier branch's tip (stacked)."""
+        return self.base if self.onto is None else self.onto.commit
 
 
 def user_identity(cwd: Path) -> Identity:
@@ -304,13 +304,12 @@ def make_branch(
     return ForwardBranch(
         tree=dest,
         branch=branch,
-        base=sits_on,
+        base=base,
         commit=commit,
         title=message.splitlines()[0],
         message=message,
         files=tuple(files),
         tests=tuple(t.upstream_path for t in tests),
-        release="" if onto is None else base,
         onto=onto,
     )
 
@@ -390,7 +389,7 @@ def run_tests(python: Path, branch: ForwardBranch, workdir: Path, timeout: int =
     installed = shadow.installed_package_dir(python)
 
     def laid_over(commit: str, name: str) -> Path | None:
-        present, deleted = patched_repo.changed_between(branch.tree, branch.upstream, commit, shadow.PACKAGE + "/")
+        present, deleted = patched_repo.changed_between(branch.tree, branch.base, commit, shadow.PACKAGE + "/")
         if not present and not deleted:
             return None
         replacements = extract(branch.tree, commit, present, workdir / name / "files")
@@ -399,7 +398,7 @@ def run_tests(python: Path, branch: ForwardBranch, workdir: Path, timeout: int =
     red_side = "pristine" if branch.onto is None else branch.onto.branch
     runs = []
     for side, pythonpath in (
-        (red_side, laid_over(branch.base, "base")),
+        (red_side, laid_over(branch.sits_on, "base")),
         ("forwarded", laid_over(branch.commit, "commit")),
     ):
         env = dict(os.environ, **OFFLINE_ENV, PYTHONDONTWRITEBYTECODE="1")
@@ -759,7 +758,7 @@ def forward(
             ruff=_ruff_installed(),
             missing_dependencies=lambda hook: missing_dependencies(python, list(hook.additional_dependencies)),
         )
-        results = run_checks(branch.tree, branch.base, list(branch.files), tools)
+        results = run_checks(branch.tree, branch.sits_on, list(branch.files), tools)
         for result in results:
             output.result(f"pre-commit {result}")
     pr_file = out_dir / f"{patch_stem(patch)}.pr.md"

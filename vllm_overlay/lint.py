@@ -97,7 +97,6 @@ def _one_reference(line: str) -> bool:
 def length_problems(patch: Patch, series: str) -> list[str]:
     """Why the message does not fit one screen: too many lines, or a line wider than 72 (empty: it fits)."""
     prose = prose_lines(patch)
-    where = _file_line_numbers(patch)
     problems = []
     if len(prose) > MESSAGE_MAX_LINES:
         stem = Path(patch.name).stem
@@ -110,7 +109,7 @@ def length_problems(patch: Patch, series: str) -> list[str]:
         if len(line) > MESSAGE_MAX_WIDTH and (number == 0 or not _one_reference(line)):
             what = "the subject" if number == 0 else f"message line {number + 1}"
             problems.append(
-                f"{what} (line {where[number]} of the file) is {len(line)} characters wide "
+                f"{what} (line {_file_line_numbers(patch)[number]} of the file) is {len(line)} characters wide "
                 f"(at most {MESSAGE_MAX_WIDTH}): {'shorten' if number == 0 else 'wrap'} it"
             )
     return problems
@@ -266,7 +265,9 @@ def lint(repo_root: Path, patches_dir: Path, tree: Path | None = None) -> list[s
                 problems.append(f"{where}: needs one of the headers {', '.join(k + ':' for k in group)}")
         problems.extend(f"{where}: {problem}" for problem in heading_problems(patch))
         problems.extend(f"{where}: {problem}" for problem in forwarded_problems(patch))
-        carried_by = patch.series or (name.split("/", 1)[0] if "/" in name else "")
+        series = patch.series
+        directory = name.split("/", 1)[0] if "/" in name else ""
+        carried_by = series or directory
         if carriers is not None:
             problems.extend(
                 f"{where}: {problem}" for problem in authorship_problems(patch, carriers.of(carried_by), carried_by)
@@ -274,8 +275,6 @@ def lint(repo_root: Path, patches_dir: Path, tree: Path | None = None) -> list[s
         problems.extend(f"{where}: {problem}" for problem in length_problems(patch, carried_by))
         if patch.subject.startswith("["):
             problems.append(f"{where}: subject starts with '[...]', which git am strips; use 'component: subject'")
-        series = patch.series
-        directory = name.split("/", 1)[0] if "/" in name else ""
         if series and not SERIES_NAME_RE.match(series):
             problems.append(f"{where}: Series {series!r} is not a lowercase-dashed name")
         if series and directory != series:

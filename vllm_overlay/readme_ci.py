@@ -243,8 +243,7 @@ def _two_runs(
 
     False when the command failed: the workflows need its environment.
     """
-    status = GIT_STATUS
-    before = user_output(status)  # the carried changes, if any
+    before = user_output(GIT_STATUS)  # the carried changes, if any
     runs = []
     for attempt in (1, 2):
         output.info(f"== run {attempt}: {command}")
@@ -257,7 +256,7 @@ def _two_runs(
         _compare_trees(attempt, host_trees, user_output, failures, figures)
         if attempt == 1:
             venv = user_output(["stat", "-c", "%i %Y", ".venv/pyvenv.cfg"]).strip()
-            after = user_output(status)
+            after = user_output(GIT_STATUS)
             if after != before:
                 new = sorted(set(after.splitlines()) - set(before.splitlines()))
                 failures.append(f"command 1 left files git sees in the clone: {'; '.join(new)[:400]}")
@@ -320,8 +319,7 @@ def _forward_workflow(
     name, email = IDENTITY
     user_output(["git", "config", "--global", "user.name", name])
     user_output(["git", "config", "--global", "user.email", email])
-    status = GIT_STATUS
-    before = user_output(status)
+    before = user_output(GIT_STATUS)
     _run_block("forward", block, as_user, user_output, failures, figures)
     found = forward_failures(
         spec,
@@ -330,7 +328,7 @@ def _forward_workflow(
         user_output,
         lambda path: as_user("test", "-e", path).returncode == 0,
     )
-    if user_output(status) != before:
+    if user_output(GIT_STATUS) != before:
         found.append("forward: the block left files git sees in the clone")
     failures.extend(found)
     if not found:
@@ -348,10 +346,9 @@ def _drop_workflow(
     user_output: Callable[[list[str]], str],
 ) -> None:
     """The drop block on the real series: no patch upstream yet, so nothing dropped and nothing changed."""
-    status = GIT_STATUS
-    before = user_output(status)
+    before = user_output(GIT_STATUS)
     said = _run_block("drop", block, as_user, user_output, failures, figures)
-    found = drop_failures(said, before, user_output(status))
+    found = drop_failures(said, before, user_output(GIT_STATUS))
     failures.extend(found)
     if not found:
         figures.append("drop: the audit counts no drop, bump --drop drops nothing, the clone unchanged")

@@ -79,25 +79,35 @@ def test_usage_errors_exit_2(fake_project: dict, tmp_path: Path) -> None:
     assert code == 2  # a given environment that is not pristine is refused, never rebuilt
 
 
+def _tool_tests_run(fake_project: dict, tmp_path: Path, capsys, name: str, text: str) -> dict:
+    """A project whose tests/tool holds one test file, run by test-patches; its tool-test report."""
+    add_patch(fake_project, "Fix line one", "alpha", fix_line_one, RED_GREEN_TEST, "tests/test_core_upstream.py")
+    tool_dir = fake_project["project"] / "tests" / "tool"
+    tool_dir.mkdir()
+    (tool_dir / name).write_text(text)
+    code, data, _ = run_cli(fake_project, tmp_path, tool_tests=True)
+    out = capsys.readouterr()
+    assert code == 0, out.out + out.err
+    return data["tool_tests"]
+
+
 def test_tool_tests_run_in_the_tools_interpreter_not_the_vllm_environment(
     fake_project: dict, tmp_path: Path, capsys
 ) -> None:
     """The tool tests run where vllm is not importable, as scripts/check runs them in .venv. Run in
     the test environment, which held pytest and the tool's modules, 7 of them failed: some assert
     what a machine without vllm does, some lint with ruff, which that environment lacks."""
-    add_patch(fake_project, "Fix line one", "alpha", fix_line_one, RED_GREEN_TEST, "tests/test_core_upstream.py")
-    tool_dir = fake_project["project"] / "tests" / "tool"
-    tool_dir.mkdir()
     # The fake environment sees this interpreter's site-packages too: every module the tool tests need.
-    (tool_dir / "test_where.py").write_text(
+    report = _tool_tests_run(
+        fake_project,
+        tmp_path,
+        capsys,
+        "test_where.py",
         "import importlib.util\nimport sys\n\n\n"
         "def test_vllm_is_not_importable_here():\n"
-        "    assert importlib.util.find_spec('vllm') is None, sys.executable\n"
+        "    assert importlib.util.find_spec('vllm') is None, sys.executable\n",
     )
-    code, data, _ = run_cli(fake_project, tmp_path, tool_tests=True)
-    out = capsys.readouterr()
-    assert code == 0, out.out + out.err
-    assert data["tool_tests"]["ok"] and not data["tool_tests"]["cached"], data["tool_tests"]
+    assert report["ok"] and not report["cached"], report
 
 
 def test_tool_tests_see_git_as_the_user_has_it_not_isolated(
@@ -107,21 +117,19 @@ def test_tool_tests_see_git_as_the_user_has_it_not_isolated(
     sign-off). Run with test-patches' isolated environment, the identity the isolation injects as
     command-line settings overrode each test's own repository and home: 5 failed on a machine
     with a global git identity, none where there is none."""
-    add_patch(fake_project, "Fix line one", "alpha", fix_line_one, RED_GREEN_TEST, "tests/test_core_upstream.py")
     monkeypatch.setenv("GIT_AUTHOR_NAME", "Ada Outside")
-    tool_dir = fake_project["project"] / "tests" / "tool"
-    tool_dir.mkdir()
-    (tool_dir / "test_git_env.py").write_text(
+    report = _tool_tests_run(
+        fake_project,
+        tmp_path,
+        capsys,
+        "test_git_env.py",
         "import os\n\n\n"
         "def test_git_as_the_user_has_it():\n"
         "    assert os.environ.get('GIT_CONFIG_GLOBAL') is None, os.environ.get('GIT_CONFIG_GLOBAL')\n"
         "    assert 'GIT_CONFIG_COUNT' not in os.environ\n"
-        "    assert os.environ['GIT_AUTHOR_NAME'] == 'Ada Outside'\n"
+        "    assert os.environ['GIT_AUTHOR_NAME'] == 'Ada Outside'\n",
     )
-    code, data, _ = run_cli(fake_project, tmp_path, tool_tests=True)
-    out = capsys.readouterr()
-    assert code == 0, out.out + out.err
-    assert data["tool_tests"]["ok"], data["tool_tests"]
+    assert report["ok"], report
 
 
 ORACLE_TEXT = """\
