@@ -3,10 +3,13 @@
 """The executor's cost per RPC at TP=1, 2 and 4: pristine beside patched.
 
 Each side runs in its own process: the real MultiprocExecutor RPC path and
-real WorkerProc ranks (built through tests/patches/queue-event-ownership/
-qeo_worker_pipeline.py: real output threads and shared-memory queues, the
-ranks' busy loops as threads of the same process, the GPU worker a stand-in
-that answers at once). It times N sequential execute_model RPCs (fault
+real WorkerProc ranks (the stand-in GPU worker and the executor of
+tests/patches/queue-event-ownership/qeo_worker_pipeline.py: real output
+threads and shared-memory queues; the GPU worker a stand-in that answers at
+once). The ranks are forked processes started by WorkerProc's own
+make_worker_process / worker_main, as vLLM starts them (--ranks threads: the
+harness's threads of the timed process instead, which share its GIL). It
+times N sequential execute_model RPCs (fault
 tolerance off; sync scheduling, or --async-scheduling where each rank's
 output thread sends its outputs; one reply, from the output rank, as vLLM
 sends them) and prints the median in microseconds per TP size.
@@ -17,9 +20,10 @@ alternation, and pristine runs twice a round: the second, "control", is
 what the machine alone makes of two identical sides). Printed last: the
 medians over rounds, the paired difference per round with a sign test
 (a side is distinguishable from pristine where p < 0.05; read it beside
-the control's), and the fastest round of each side: on a shared 2-core machine a round is sometimes slowed
-several-fold by other work (a run's ranks are threads that spin while they
-wait), and the least disturbed round is the closest to an idle machine.
+the control's), and the fastest round of each side: on a shared 2-core
+machine a round is sometimes slowed several-fold by other work (the ranks
+spin while they wait, and TP=2 already needs three busy cores), and the least
+disturbed round is the closest to an idle machine.
 A tree is laid over the installed vllm with scripts/with-patched-vllm;
 pristine is the installed vllm itself. With --pythonpath-of-trees (a machine
 without the installed vllm, such as the device machine: see
@@ -46,8 +50,69 @@ HARNESS = REPO / "tests" / "patches" / "queue-event-ownership"
 SETTLE_S = 1.5
 
 
-def measure(tp_sizes: list[int], rpcs: int, async_scheduling: bool = False) -> dict[int, list[float]]:
+class RanksAsProcesses:
+    """The ranks as vLLM runs them, each its own process.
+
+    WorkerProc.make_worker_process forks each rank (VLLM_WORKER_MULTIPROC_METHOD
+    is fork, vLLM's default, so the child runs the stand-in worker set up here),
+    WorkerProc.worker_main builds its WorkerProc and runs its busy loop, and
+    WorkerProc.wait_for_ready hands back the response queues the executor reads.
+    With the ranks as threads of one process (--ranks threads, the harness's
+    Pipeline) they share the executor's GIL; as processes they spin on cores of
+    their own, as on a GPU host.
+    """
+
+    def __init__(self, monkeypatch, step, world_size: int, async_scheduling: bool) -> None:
+        from qeo_worker_pipeline import config_view, executor_over, use_stand_in_worker
+        from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
+        from vllm.utils.system_utils import get_mp_context
+        from vllm.v1.executor.multiproc_executor import WorkerProc
+
+        use_stand_in_worker(monkeypatch, step)
+        config = config_view(world_size, async_scheduling, fault_tolerance=False)
+        broadcast = MessageQueue(world_size, world_size)
+        lock = get_mp_context().Lock()
+        # As the executor's _init_executor: each forked rank closes the pipes
+        # of the ranks forked before it, so closing a death pipe here ends
+        # that rank.
+        inherited_fds: list[int] = []
+        unready = []
+        for rank in range(world_size):
+            handle = WorkerProc.make_worker_process(
+                config, rank, rank, "", broadcast.export_handle(), lock, rank == 0, inherited_fds=inherited_fds
+            )
+            unready.append(handle)
+            inherited_fds += [handle.death_writer.fileno(), handle.ready_pipe.fileno()]
+        self.workers = WorkerProc.wait_for_ready(unready)
+        broadcast.wait_until_ready()
+        for worker in self.workers:
+            worker.worker_response_mq.wait_until_ready()
+        self.executor = executor_over(config, broadcast, [w.worker_response_mq for w in self.workers])
+
+    def close(self) -> None:
+        # As the executor's shutdown: the closed death pipe shuts each rank's
+        # queues down and its busy loop ends; then SIGTERM, then SIGKILL.
+        for worker in self.workers:
+            worker.death_writer.close()
+        for worker in self.workers:
+            worker.proc.join(timeout=5)
+            if worker.proc.is_alive():
+                worker.proc.terminate()
+                worker.proc.join(timeout=5)
+            if worker.proc.is_alive():
+                worker.proc.kill()
+        # The broadcast queue's shared memory is this process's to unlink
+        # (its MessageQueue does so when collected).
+        self.executor.rpc_broadcast_mq = None
+        self.executor.response_mqs = []
+        self.workers = []
+
+
+def measure(
+    tp_sizes: list[int], rpcs: int, async_scheduling: bool = False, ranks: str = "processes"
+) -> dict[int, list[float]]:
     """Per TP size, the wall time of each execute_model RPC, in seconds."""
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "fork")
     sys.path.insert(0, str(HARNESS))
     import pytest
     from qeo_worker_pipeline import Pipeline
@@ -55,9 +120,14 @@ def measure(tp_sizes: list[int], rpcs: int, async_scheduling: bool = False) -> d
     timings: dict[int, list[float]] = {}
     for tp in tp_sizes:
         with pytest.MonkeyPatch.context() as monkeypatch:
-            pipe = Pipeline(
-                monkeypatch, lambda rank, method, batch: batch, world_size=tp, async_scheduling=async_scheduling
-            )
+
+            def step(rank, method, batch):
+                return batch
+
+            if ranks == "processes":
+                pipe = RanksAsProcesses(monkeypatch, step, tp, async_scheduling)
+            else:
+                pipe = Pipeline(monkeypatch, step, world_size=tp, async_scheduling=async_scheduling)
             try:
                 for i in range(50):  # warm-up
                     pipe.executor.execute_model(i)
@@ -69,11 +139,12 @@ def measure(tp_sizes: list[int], rpcs: int, async_scheduling: bool = False) -> d
                 timings[tp] = samples
             finally:
                 pipe.close()
-        # The closed pipeline's reader threads spin (sched_yield, holding the
-        # GIL between yields) until their queues' SpinCondition goes idle,
-        # busy_loop_s (1 s) after their last read: the next TP size is timed
-        # only after that.
-        time.sleep(SETTLE_S)
+        if ranks == "threads":
+            # The closed pipeline's reader threads spin (sched_yield, holding
+            # the GIL between yields) until their queues' SpinCondition goes
+            # idle, busy_loop_s (1 s) after their last read: the next TP size
+            # is timed only after that. Ranks as processes have exited.
+            time.sleep(SETTLE_S)
     return timings
 
 
@@ -95,8 +166,9 @@ def run_side(
     rpcs: int,
     async_scheduling: bool = False,
     pythonpath: bool = False,
+    ranks: str = "processes",
 ) -> dict[int, float]:
-    cmd = [python, __file__, "--child", "--rpcs", str(rpcs), "--tp", *map(str, tp_sizes)]
+    cmd = [python, __file__, "--child", "--rpcs", str(rpcs), "--ranks", ranks, "--tp", *map(str, tp_sizes)]
     if async_scheduling:
         cmd.append("--async-scheduling")
     env = None
@@ -129,11 +201,17 @@ def main() -> int:
         help="each tree is a whole vllm/ package put first on PYTHONPATH (no installed vllm needed)",
     )
     parser.add_argument("--pristine", help="with --pythonpath-of-trees: pristine's tree")
+    parser.add_argument(
+        "--ranks",
+        choices=["processes", "threads"],
+        default="processes",
+        help="each rank its own forked process, as vLLM runs them (default), or a thread of the timed process",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.child:
-        timings = measure(args.tp, args.rpcs, args.async_scheduling)
+        timings = measure(args.tp, args.rpcs, args.async_scheduling, args.ranks)
         print(json.dumps({tp: statistics.median(s) * 1e6 for tp, s in timings.items()}))
         return 0
     if not args.tree:
@@ -150,7 +228,9 @@ def main() -> int:
     results: dict[str, list[dict[int, float]]] = {side: [] for side, _ in sides}
     for rnd in range(args.rounds):
         for side, tree in sides:
-            medians = run_side(args.python, tree, args.tp, args.rpcs, args.async_scheduling, args.pythonpath_of_trees)
+            medians = run_side(
+                args.python, tree, args.tp, args.rpcs, args.async_scheduling, args.pythonpath_of_trees, args.ranks
+            )
             results[side].append(medians)
             shown = "  ".join(f"TP={tp} {us:7.1f} us" for tp, us in medians.items())
             print(f"round {rnd + 1} {side:8s} {shown}", flush=True)

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Runs benchmarks/executor_rpc_cost.py (the executor's cost per RPC, pristine beside patched) on the
 # device machine, in one call: 16 idle cores instead of this 2-core shared machine, where a round's
-# spinning rank threads are often descheduled (docs/measurements.md).
+# spinning ranks are often descheduled (docs/measurements.md).
 #
 #   benchmarks/executor_rpc_cost_device.sh carry          # here: build/rpc-device (git-ignored, ~25 MB)
 #   BEFORE=<commit of build/patched> benchmarks/executor_rpc_cost_device.sh carry   # and an earlier series
@@ -12,8 +12,8 @@
 # (tests/patches/queue-event-ownership/qeo_worker_pipeline.py), and .whl/ (vLLM's pure-Python
 # dependencies missing on the device; docs/qualification.md). The shims are those of
 # benchmarks/device_qualify.sh (an empty vllm/_C_stable_libtorch.py, a vllm dist-info). Nothing
-# here uses the GPU: the ranks are threads of one process, their worker a stand-in that answers
-# at once, as on CPU; pristine and patched are each a whole vllm/ first on PYTHONPATH.
+# here uses the GPU: the ranks are forked processes (each spinning on a core of its own), their
+# worker a stand-in that answers at once, as on CPU; pristine and patched are each a whole vllm/ first on PYTHONPATH.
 set -euo pipefail
 mode=${1:?carry or run}
 if [ "$mode" = carry ]; then

@@ -90,7 +90,12 @@ def config_view(
             enable_expert_parallel=False,
             nnodes_within_dp=1,
             enable_fault_tolerance=fault_tolerance,
+            # Read by WorkerProc.make_worker_process / worker_main (a rank as
+            # its own process): no NUMA binding, no GPU list to publish.
+            numa_bind=False,
+            assigned_physical_gpu_ids=None,
         ),
+        watchdog_config=SimpleNamespace(dump_dir=None),
         scheduler_config=SimpleNamespace(async_scheduling=async_scheduling),
         use_v2_model_runner=False,
         model_config=None,
@@ -109,6 +114,67 @@ def _handshake(writer: MessageQueue, readers: list[MessageQueue]) -> None:
 
 
 Step = Callable[[int, str, Any], Any]
+
+
+def executor_over(config: ConfigView, broadcast: MessageQueue, response_readers: list[MessageQueue]) -> Any:
+    """A MultiprocExecutor that sends on `broadcast` and reads the ranks'
+    replies from `response_readers`, built with __new__ (its __init__ spawns
+    worker processes)."""
+    executor: Any = MultiprocExecutor.__new__(MultiprocExecutor)
+    executor.vllm_config = config
+    executor.is_failed = False
+    executor.world_size = config.parallel_config.world_size
+    executor.parallel_config = config.parallel_config
+    executor.output_rank = executor._get_output_rank()
+    executor.futures_queue = deque()
+    executor.rpc_broadcast_mq = broadcast
+    executor.response_mqs = response_readers
+    executor.kv_output_aggregator = None
+    executor.ec_output_aggregator = None
+    return executor
+
+
+def use_stand_in_worker(monkeypatch, step: Step) -> None:
+    """Make every WorkerProc built from here on (in this process, or in a
+    process forked from it) run the stand-in worker that answers with `step`."""
+
+    class Worker:
+        def __init__(self, rpc_rank: int = 0, global_rank: int = 0) -> None:
+            self.rank = global_rank
+
+        def init_worker(self, all_kwargs: list[dict]) -> None:
+            pass
+
+        def init_device(self) -> None:
+            pass
+
+        def load_model(self) -> None:
+            pass
+
+        def execute_model(self, batch: Any) -> Any:
+            return step(self.rank, "execute_model", batch)
+
+        def sample_tokens(self, grammar: Any) -> Any:
+            return step(self.rank, "sample_tokens", grammar)
+
+        def check_health(self) -> Any:
+            return step(self.rank, "check_health", None)
+
+        def add_lora(self, lora_request: Any) -> Any:
+            return step(self.rank, "add_lora", lora_request)
+
+        def profile(self, is_start: bool = True, profile_prefix: str | None = None) -> Any:
+            return step(self.rank, "profile", is_start)
+
+        def stop(self) -> None:
+            raise StopWorkerLoop
+
+        def shutdown(self) -> None:
+            pass
+
+    monkeypatch.setattr(mp_executor, "WorkerWrapperBase", Worker)
+    monkeypatch.setattr(WorkerProc, "setup_proc_title_and_log_prefix", staticmethod(lambda enable_ep: None))
+    monkeypatch.setattr(mp_executor, "enable_envs_cache", lambda: None)
 
 
 class Pipeline:
@@ -132,41 +198,7 @@ class Pipeline:
         fault_tolerance: bool = False,
         pipeline_parallel_size: int = 1,
     ) -> None:
-        class Worker:
-            def __init__(self, rpc_rank: int = 0, global_rank: int = 0) -> None:
-                self.rank = global_rank
-
-            def init_worker(self, all_kwargs: list[dict]) -> None:
-                pass
-
-            def init_device(self) -> None:
-                pass
-
-            def load_model(self) -> None:
-                pass
-
-            def execute_model(self, batch: Any) -> Any:
-                return step(self.rank, "execute_model", batch)
-
-            def sample_tokens(self, grammar: Any) -> Any:
-                return step(self.rank, "sample_tokens", grammar)
-
-            def check_health(self) -> Any:
-                return step(self.rank, "check_health", None)
-
-            def add_lora(self, lora_request: Any) -> Any:
-                return step(self.rank, "add_lora", lora_request)
-
-            def profile(self, is_start: bool = True, profile_prefix: str | None = None) -> Any:
-                return step(self.rank, "profile", is_start)
-
-            def stop(self) -> None:
-                raise StopWorkerLoop
-
-        monkeypatch.setattr(mp_executor, "WorkerWrapperBase", Worker)
-        monkeypatch.setattr(WorkerProc, "setup_proc_title_and_log_prefix", staticmethod(lambda enable_ep: None))
-        monkeypatch.setattr(mp_executor, "enable_envs_cache", lambda: None)
-
+        use_stand_in_worker(monkeypatch, step)
         self.config = config_view(world_size, async_scheduling, fault_tolerance, pipeline_parallel_size)
         broadcast = MessageQueue(world_size, world_size)
         self.procs = [
@@ -190,18 +222,7 @@ class Pipeline:
         self.proc = self.procs[0]
         self.response_reader = self.response_readers[0]
 
-        executor: Any = MultiprocExecutor.__new__(MultiprocExecutor)
-        executor.vllm_config = self.config
-        executor.is_failed = False
-        executor.world_size = world_size
-        executor.parallel_config = self.config.parallel_config
-        executor.output_rank = executor._get_output_rank()
-        executor.futures_queue = deque()
-        executor.rpc_broadcast_mq = broadcast
-        executor.response_mqs = self.response_readers
-        executor.kv_output_aggregator = None
-        executor.ec_output_aggregator = None
-        self.executor = executor
+        self.executor = executor_over(self.config, broadcast, self.response_readers)
 
         self.rpc_threads = [threading.Thread(target=self._serve, args=(p,), daemon=True) for p in self.procs]
         for t in self.rpc_threads:
