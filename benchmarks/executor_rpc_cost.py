@@ -108,6 +108,39 @@ class RanksAsProcesses:
         self.workers = []
 
 
+def _played_rpc(pipe):
+    """execute_model with no rank running: its reply is written first, by
+    the output rank's own WorkerProc.handle_output (sync scheduling), and the
+    request is taken off every rank's broadcast reader afterwards, neither
+    timed. What is timed is the executor's own work per RPC (send, read a
+    reply already there, bookkeeping), free of any wait on another thread or
+    process: a figure a 2-core machine measures as steadily as an idle one."""
+    executor = pipe.executor
+    output_proc = pipe.procs[executor.output_rank]
+    readers = [proc.rpc_broadcast_mq for proc in pipe.procs]
+    timed = _timed_rpc(executor)
+
+    def rpc(i: int) -> float:
+        output_proc.handle_output(i)
+        elapsed = timed(i)
+        for reader in readers:
+            reader.dequeue()
+        return elapsed
+
+    return rpc
+
+
+def _timed_rpc(executor):
+    """One sequential execute_model RPC, its wall time in seconds."""
+
+    def rpc(i: int) -> float:
+        start = time.perf_counter()
+        executor.execute_model(i)
+        return time.perf_counter() - start
+
+    return rpc
+
+
 def measure(
     tp_sizes: list[int], rpcs: int, async_scheduling: bool = False, ranks: str = "processes"
 ) -> dict[int, list[float]]:
@@ -127,16 +160,14 @@ def measure(
             if ranks == "processes":
                 pipe = RanksAsProcesses(monkeypatch, step, tp, async_scheduling)
             else:
-                pipe = Pipeline(monkeypatch, step, world_size=tp, async_scheduling=async_scheduling)
+                pipe = Pipeline(
+                    monkeypatch, step, world_size=tp, async_scheduling=async_scheduling, serve=ranks == "threads"
+                )
             try:
+                timed_rpc = _played_rpc(pipe) if ranks == "played" else _timed_rpc(pipe.executor)
                 for i in range(50):  # warm-up
-                    pipe.executor.execute_model(i)
-                samples = []
-                for i in range(rpcs):
-                    start = time.perf_counter()
-                    pipe.executor.execute_model(i)
-                    samples.append(time.perf_counter() - start)
-                timings[tp] = samples
+                    timed_rpc(i)
+                timings[tp] = [timed_rpc(i) for i in range(rpcs)]
             finally:
                 pipe.close()
         if ranks == "threads":
@@ -203,9 +234,10 @@ def main() -> int:
     parser.add_argument("--pristine", help="with --pythonpath-of-trees: pristine's tree")
     parser.add_argument(
         "--ranks",
-        choices=["processes", "threads"],
+        choices=["processes", "threads", "played"],
         default="processes",
-        help="each rank its own forked process, as vLLM runs them (default), or a thread of the timed process",
+        help="each rank its own forked process, as vLLM runs them (default); a thread of the timed process;"
+        " or played by the timed process between RPCs, timing the executor's own work alone",
     )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()

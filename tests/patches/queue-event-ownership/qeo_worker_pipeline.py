@@ -197,6 +197,7 @@ class Pipeline:
         async_scheduling: bool = True,
         fault_tolerance: bool = False,
         pipeline_parallel_size: int = 1,
+        serve: bool = True,
     ) -> None:
         use_stand_in_worker(monkeypatch, step)
         self.config = config_view(world_size, async_scheduling, fault_tolerance, pipeline_parallel_size)
@@ -224,7 +225,10 @@ class Pipeline:
 
         self.executor = executor_over(self.config, broadcast, self.response_readers)
 
-        self.rpc_threads = [threading.Thread(target=self._serve, args=(p,), daemon=True) for p in self.procs]
+        # serve=False: no rank runs its busy loop (a caller plays the ranks).
+        self.rpc_threads = [
+            threading.Thread(target=self._serve, args=(p,), daemon=True) for p in (self.procs if serve else [])
+        ]
         for t in self.rpc_threads:
             t.start()
 
