@@ -9,10 +9,14 @@ threads and shared-memory queues; the GPU worker a stand-in that answers at
 once). The ranks are forked processes started by WorkerProc's own
 make_worker_process / worker_main, as vLLM starts them (--ranks threads: the
 harness's threads of the timed process instead, which share its GIL). It
-times N sequential execute_model RPCs (fault
-tolerance off; sync scheduling, or --async-scheduling where each rank's
-output thread sends its outputs; one reply, from the output rank, as vLLM
-sends them) and prints the median in microseconds per TP size.
+times N sequential execute_model RPCs (fault tolerance off; sync scheduling,
+or --async-scheduling where each rank's output thread sends its outputs; one
+reply, from the output rank, as vLLM sends them) and prints the median in
+microseconds per TP size. With
+--ranks played no rank runs: the timed process writes each reply (through
+the output rank's WorkerProc.handle_output) before the RPC and takes the
+request off the ranks' queues after it, untimed, so what is timed is the
+executor's own work per RPC, without a wait on another thread or process.
 
 Sides alternate, process by process, for --rounds rounds, so drift of the
 machine hits them alike (--before adds an earlier revision's tree to the
@@ -248,6 +252,10 @@ def main() -> int:
         return 0
     if not args.tree:
         parser.error("--tree is required (the patched tree to compare with pristine)")
+    if args.ranks == "played" and args.async_scheduling:
+        # With async scheduling the output thread, not the caller, writes the
+        # reply: the RPC would wait on it.
+        parser.error("--ranks played times sync scheduling only (drop --async-scheduling)")
 
     if args.pythonpath_of_trees and not args.pristine:
         parser.error("--pythonpath-of-trees needs --pristine (pristine's tree)")
