@@ -40,6 +40,7 @@ put first on PYTHONPATH, and --pristine names pristine's.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -87,29 +88,21 @@ class RanksAsProcesses:
             )
             unready.append(handle)
             inherited_fds += [handle.death_writer.fileno(), handle.ready_pipe.fileno()]
-        self.workers = WorkerProc.wait_for_ready(unready)
+        workers = WorkerProc.wait_for_ready(unready)
         broadcast.wait_until_ready()
-        for worker in self.workers:
+        for worker in workers:
             worker.worker_response_mq.wait_until_ready()
-        self.executor = executor_over(config, broadcast, [w.worker_response_mq for w in self.workers])
+        self.executor = executor_over(config, broadcast, [w.worker_response_mq for w in workers])
+        self.executor.workers = workers
 
     def close(self) -> None:
-        # As the executor's shutdown: the closed death pipe shuts each rank's
-        # queues down and its busy loop ends; then SIGTERM, then SIGKILL.
-        for worker in self.workers:
-            worker.death_writer.close()
-        for worker in self.workers:
-            worker.proc.join(timeout=5)
-            if worker.proc.is_alive():
-                worker.proc.terminate()
-                worker.proc.join(timeout=5)
-            if worker.proc.is_alive():
-                worker.proc.kill()
-        # The broadcast queue's shared memory is this process's to unlink
-        # (its MessageQueue does so when collected).
-        self.executor.rpc_broadcast_mq = None
-        self.executor.response_mqs = []
-        self.workers = []
+        # The executor's own shutdown: it closes each rank's death pipe, waits
+        # for the ranks to exit (then SIGTERM, SIGKILL) and shuts the queues.
+        self.executor.shutdown()
+        # The broadcast queue's shared memory is unlinked when its
+        # MessageQueue is collected; without a collection here one segment
+        # was left at exit (the resource tracker warned of it).
+        gc.collect()
 
 
 def _played_rpc(pipe):
@@ -154,13 +147,12 @@ def measure(
     import pytest
     from qeo_worker_pipeline import Pipeline
 
+    def step(rank, method, batch):
+        return batch
+
     timings: dict[int, list[float]] = {}
     for tp in tp_sizes:
         with pytest.MonkeyPatch.context() as monkeypatch:
-
-            def step(rank, method, batch):
-                return batch
-
             if ranks == "processes":
                 pipe = RanksAsProcesses(monkeypatch, step, tp, async_scheduling)
             else:
